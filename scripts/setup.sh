@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Idempotent setup: system MPI, a venv in .venv with the pinned stack, the patched
+# Horovod wheel (cached), and the project in editable mode. Safe to run again: each
+# step checks whether its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+TORCH=torch==2.13.0
+TENSORFLOW=tensorflow-cpu==2.21.0
+TF_KERAS=tf-keras==2.21.0
+
+step() { echo "==> setup: $*"; }
+
+if ! command -v mpirun >/dev/null || ! [ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
+   || ! [ -x /usr/bin/cmake ]; then
+    step "installing Open MPI and cmake from Debian"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin cmake >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    step "creating $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --upgrade pip setuptools wheel
+fi
+
+# torch is pinned to the CPU build; unpinned, pip would fetch a multi-GB CUDA build.
+if ! "$VENV/bin/python" - <<PYEOF 2>/dev/null
+import importlib.metadata as m, sys
+want = {"torch": "2.13.0", "tensorflow-cpu": "2.21.0", "tf-keras": "2.21.0"}
+sys.exit(any(not m.version(k).startswith(v) for k, v in want.items()))
+PYEOF
+then
+    step "installing $TORCH $TENSORFLOW $TF_KERAS"
+    "$VENV/bin/pip" install --quiet "$TORCH" "$TENSORFLOW" "$TF_KERAS"
+fi
+
+step "building or reusing Horovod"
+scripts/build_horovod.sh "$VENV"
+
+step "installing horovod_accordion (editable, with dev extras)"
+"$VENV/bin/pip" install --quiet --no-build-isolation -e ".[dev]"
+
+step "checking the Horovod build"
+check=$("$VENV/bin/horovodrun" --check-build)
+echo "$check"
+for feature in "TensorFlow" "PyTorch" "MPI" "Gloo"; do
+    if ! grep -Eq "\[X\] $feature\$" <<<"$check"; then
+        echo "setup: FAILED: horovodrun --check-build does not list $feature" >&2
+        exit 1
+    fi
+done
+step "ready"
