@@ -1,0 +1,9 @@
+"""Accordion adaptive gradient compression for Horovod.
+
+Framework adapters live in ``horovod_accordion.torch``, ``horovod_accordion.tensorflow``
+and ``horovod_accordion.keras``; this top-level package imports no framework.
+"""
+from horovod_accordion.detector import RegimeDetector
+
+__version__ = "0.1.0"
+__all__ = ["RegimeDetector"]

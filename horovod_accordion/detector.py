@@ -1,0 +1,152 @@
+"""Accordion's critical-regime detector (Agarwal et al., MLSys 2021, Algorithm 1).
+
+A pure state machine: its inputs are accumulated-gradient norms and learning rates,
+its output is one flag per layer, ``critical`` (use the low-compression level ℓ_low)
+or not (use ℓ_high). No framework is imported here; the torch and TensorFlow
+adapters compute the norms and apply the flags.
+
+The rule, checked at every ``interval``-th window::
+
+    |‖Δ_old‖ − ‖Δ_curr‖| / ‖Δ_old‖ ≥ eta   ⇒  critical
+
+where Δ_curr is the gradient accumulated over the current window (an epoch, or a
+number of steps) and Δ_old the one of the window ``interval`` windows earlier.
+
+How this differs from the authors' code, on purpose (spec §8-9):
+
+* The norms must be *global*: adapters allreduce the per-layer squared norms of the
+  local accumulated gradients, so every rank feeds the same numbers and takes the same
+  decisions. The authors decided on rank 0's local shard and broadcast the result.
+* A *decay event* is a drop of the learning rate by at least ``lr_decay_factor`` below
+  the highest rate seen since the last event. For a step schedule (÷10) it fires at
+  the step, as the authors' ``lr_next < lr`` does; for cosine or linear decay it fires
+  once per halving (with the default factor 2) instead of pinning ℓ_low forever; a
+  warm-up only raises the reference and never fires.
+* A non-finite norm never changes a level: the layer keeps its flag and a warning is
+  emitted.
+"""
+
+import math
+import warnings
+
+__all__ = ["RegimeDetector"]
+
+
+class RegimeDetector:
+    """Decides, per layer or for the whole model, whether training is in a critical regime.
+
+    Args:
+        num_layers: number of gradient tensors the adapter reports norms for.
+        eta: relative change of the accumulated-gradient norm that marks a critical
+            regime. The paper and the authors' code use 0.5.
+        interval: check every ``interval`` windows, comparing window ``w`` with
+            ``w - interval``. The paper uses 10 epochs for CNNs, 5 for the LSTM.
+        per_layer: one decision per layer (the paper). ``False`` takes one decision
+            for the whole model from the global norm sqrt(Σ‖Δ_l‖²).
+        lr_decay_factor: a learning rate at least this many times below the highest
+            rate since the last decay event is a decay event, which marks every layer
+            critical until the next check. ``None`` disables the rule.
+    """
+
+    def __init__(self, num_layers, eta=0.5, interval=10, per_layer=True, lr_decay_factor=2.0):
+        if int(num_layers) != num_layers or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        if not (isinstance(eta, (int, float)) and eta > 0 and math.isfinite(eta)):
+            raise ValueError(f"eta must be a positive finite number, got {eta!r}")
+        if int(interval) != interval or interval < 1:
+            raise ValueError(f"interval must be a positive integer number of windows, got {interval!r}")
+        if lr_decay_factor is not None and not lr_decay_factor > 1:
+            raise ValueError(
+                f"lr_decay_factor must be > 1 (a drop to 1/factor of the rate is a decay event) "
+                f"or None to disable the rule, got {lr_decay_factor!r}")
+        self.num_layers = int(num_layers)
+        self.eta = float(eta)
+        self.interval = int(interval)
+        self.per_layer = bool(per_layer)
+        self.lr_decay_factor = lr_decay_factor
+        # Training starts critical: the authors' epoch 0 runs at --k-start = ℓ_low.
+        self.critical = [True] * self.num_layers
+        self.windows_seen = 0
+        self.last_check_norms = None
+        self.last_ratios = None
+        self.lr_reference = None
+
+    def end_window(self, norms):
+        """Report the accumulated-gradient norms of the window that just ended.
+
+        ``norms`` holds one global norm per layer. Returns ``True`` if this window was a
+        check (the flags in ``self.critical`` were re-evaluated), else ``False``.
+        """
+        norms = [float(n) for n in norms]
+        if len(norms) != self.num_layers:
+            raise ValueError(f"expected {self.num_layers} norms, got {len(norms)}")
+        window = self.windows_seen
+        self.windows_seen += 1
+        if window % self.interval != 0:
+            return False
+        if not self.per_layer:
+            norms = [math.sqrt(sum(n * n for n in norms))]
+        previous = self.last_check_norms
+        if previous is None:
+            decisions = [True] * len(norms)  # the first check forces ℓ_low
+            ratios = [None] * len(norms)
+        else:
+            ratios = [_relative_change(old, new) for old, new in zip(previous, norms)]
+            decisions = [None if r is None else r >= self.eta for r in ratios]
+        if any(d is None for d in decisions):
+            bad = [i for i, d in enumerate(decisions) if d is None]
+            warnings.warn(
+                f"Accordion: non-finite accumulated-gradient norm at window {window} for "
+                f"{'layers ' + str(bad) if self.per_layer else 'the whole model'}; keeping the current levels",
+                RuntimeWarning, stacklevel=2)
+        if self.per_layer:
+            self.critical = [c if d is None else d for c, d in zip(self.critical, decisions)]
+        elif decisions[0] is not None:
+            self.critical = [decisions[0]] * self.num_layers
+        # A non-finite norm must not become the next check's reference either.
+        self.last_check_norms = [
+            n if math.isfinite(n) else (previous[i] if previous else n) for i, n in enumerate(norms)]
+        self.last_ratios = ratios
+        return True
+
+    def observe_lr(self, lr):
+        """Report the learning rate in force. Returns ``True`` on a decay event."""
+        if self.lr_decay_factor is None or lr is None:
+            return False
+        lr = float(lr)
+        if self.lr_reference is None or lr > self.lr_reference:
+            self.lr_reference = lr
+            return False
+        if lr * self.lr_decay_factor <= self.lr_reference:
+            self.lr_reference = lr
+            self.critical = [True] * self.num_layers
+            return True
+        return False
+
+    def state_dict(self):
+        return {
+            "num_layers": self.num_layers, "eta": self.eta, "interval": self.interval,
+            "per_layer": self.per_layer, "lr_decay_factor": self.lr_decay_factor,
+            "critical": list(self.critical), "windows_seen": self.windows_seen,
+            "last_check_norms": None if self.last_check_norms is None else list(self.last_check_norms),
+            "last_ratios": None if self.last_ratios is None else list(self.last_ratios),
+            "lr_reference": self.lr_reference,
+        }
+
+    def load_state_dict(self, state):
+        if state["num_layers"] != self.num_layers:
+            raise ValueError(
+                f"detector state is for {state['num_layers']} layers, this model has {self.num_layers}")
+        for key in ("eta", "interval", "per_layer", "lr_decay_factor", "windows_seen",
+                    "last_check_norms", "last_ratios", "lr_reference"):
+            setattr(self, key, state[key])
+        self.critical = list(state["critical"])
+
+
+def _relative_change(old, new):
+    """|old − new| / old; ``None`` if either norm is not finite. A zero old norm is critical."""
+    if not (math.isfinite(old) and math.isfinite(new)):
+        return None
+    if old == 0:
+        return math.inf
+    return abs(old - new) / old

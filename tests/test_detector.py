@@ -1,0 +1,184 @@
+"""The detector on recorded norm sequences: no framework, no processes."""
+import math
+import warnings
+
+import pytest
+
+from horovod_accordion.detector import RegimeDetector
+
+
+def cifar_lr(epoch, workers=4):
+    """The authors' CIFAR schedule (spec §2.2, §6): warm-up over 5 epochs, ÷10 at 152, ÷100 at 252."""
+    base = 0.1 * (1 + (workers - 1) * min(epoch / 5, 1))
+    if epoch >= 252:
+        return base / 100
+    if epoch >= 152:
+        return base / 10
+    return base
+
+
+def cifar_norm(epoch):
+    """An accumulated-gradient norm shaped like Fig. 2a: a fast fall, a plateau, a drop at each decay."""
+    if epoch >= 252:
+        return 0.1
+    if epoch >= 152:
+        return 0.3
+    return 1 + 10 * math.exp(-epoch / 4)
+
+
+def run_schedule(detector, epochs, lr, norm):
+    """The level in force during each epoch: True = critical (ℓ_low)."""
+    levels = []
+    for epoch in range(epochs):
+        detector.observe_lr(lr(epoch))
+        levels.append(list(detector.critical))
+        detector.end_window([norm(epoch)] * detector.num_layers)
+    return levels
+
+
+def low_epochs(levels, layer=0):
+    return {e for e, flags in enumerate(levels) if flags[layer]}
+
+
+def test_cifar_schedule_low_early_and_after_each_decay():
+    levels = run_schedule(RegimeDetector(num_layers=3), 300, cifar_lr, cifar_norm)
+    expected = set(range(0, 21)) | set(range(152, 171)) | set(range(252, 271))
+    for layer in range(3):
+        assert low_epochs(levels, layer) == expected
+
+
+def test_first_check_forces_low_and_zero_old_norm_is_critical():
+    detector = RegimeDetector(num_layers=2, interval=1)
+    assert detector.critical == [True, True]
+    detector.end_window([0.0, 5.0])
+    assert detector.critical == [True, True]
+    detector.end_window([1.0, 5.0])  # layer 0: old norm 0 -> critical; layer 1: no change
+    assert detector.critical == [True, False]
+
+
+def test_threshold_is_inclusive_and_counts_increases():
+    detector = RegimeDetector(num_layers=3, interval=1, eta=0.5)
+    detector.end_window([2.0, 2.0, 2.0])
+    detector.end_window([1.0, 3.0, 1.1])  # ratios 0.5, 0.5, 0.45
+    assert detector.critical == [True, True, False]
+    assert detector.last_ratios == pytest.approx([0.5, 0.5, 0.45])
+
+
+def test_checks_only_every_interval_and_compare_with_window_minus_interval():
+    detector = RegimeDetector(num_layers=1, interval=3)
+    checks = [detector.end_window([n]) for n in [10.0, 1.0, 1.0, 9.0, 1.0, 1.0, 9.0]]
+    assert checks == [True, False, False, True, False, False, True]
+    # window 3 vs window 0: 9 vs 10 -> 0.1 -> high; window 6 vs 3: 9 vs 9 -> high
+    assert detector.critical == [False]
+
+
+def test_layers_decide_independently_and_whole_model_mode_decides_once():
+    per_layer = RegimeDetector(num_layers=2, interval=1)
+    whole = RegimeDetector(num_layers=2, interval=1, per_layer=False)
+    for detector in (per_layer, whole):
+        detector.end_window([10.0, 1.0])
+        detector.end_window([10.0, 3.0])
+    assert per_layer.critical == [False, True]
+    # global norm sqrt(101) -> sqrt(109): a 4 % change, below eta
+    assert whole.critical == [False, False]
+
+
+def test_non_finite_norm_keeps_level_and_warns():
+    detector = RegimeDetector(num_layers=2, interval=1)
+    detector.end_window([4.0, 4.0])
+    detector.end_window([4.0, 4.0])
+    assert detector.critical == [False, False]
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        detector.end_window([float("nan"), 40.0])
+    assert detector.critical == [False, True]
+    # the NaN did not replace layer 0's reference norm
+    assert detector.last_check_norms[0] == 4.0
+    detector.end_window([4.1, 40.0])
+    assert detector.critical == [False, False]
+
+
+def test_step_decay_fires_once_per_drop_and_warmup_never_fires():
+    detector = RegimeDetector(num_layers=1)
+    events = [e for e in range(300) if detector.observe_lr(cifar_lr(e))]
+    assert events == [152, 252]
+
+
+def test_cosine_schedule_does_not_pin_low():
+    """The authors' `lr_next < lr` would fire every epoch of a cosine schedule."""
+    def cosine(epoch):
+        return 0.05 * (1 + math.cos(math.pi * epoch / 300))
+
+    detector = RegimeDetector(num_layers=1)
+    event_lrs = []
+    levels = []
+    for epoch in range(300):
+        if detector.observe_lr(cosine(epoch)):
+            event_lrs.append(cosine(epoch))
+        levels.append(detector.critical[0])
+        detector.end_window([1.0])
+    assert all(later * 2 <= earlier for earlier, later in zip(event_lrs, event_lrs[1:]))
+    assert 0.05 >= event_lrs[0] > 0.045  # the first event is the first halving
+    assert not any(levels[11:150])  # after the first checks, high compression until then
+
+
+def test_linear_warmup_then_linear_decay():
+    def warmup_linear(step):
+        return 0.4 * step / 10 if step < 10 else 0.4 * (1 - (step - 10) / 100)
+
+    detector = RegimeDetector(num_layers=1, lr_decay_factor=4.0)
+    events = [s for s in range(110) if detector.observe_lr(warmup_linear(s))]
+    # 0.4 -> 0.1 at step 85, 0.1 -> 0.024 at 104, 0.024 -> 0.004 at 109: a factor 4 each time
+    assert events == [85, 104, 109]
+
+
+def test_decay_rule_holds_until_next_check_which_decides_again():
+    detector = RegimeDetector(num_layers=1, interval=2)
+    for n in [1.0, 1.0, 1.0]:
+        detector.end_window([n])
+    assert detector.critical == [False]
+    assert detector.observe_lr(1.0) is False
+    assert detector.observe_lr(0.1) is True
+    assert detector.critical == [True]
+    detector.end_window([1.0])  # window 3: no check
+    assert detector.critical == [True]
+    detector.end_window([1.0])  # window 4 vs 2: no change -> ℓ_high again
+    assert detector.critical == [False]
+
+
+def test_state_dict_round_trip_continues_identically():
+    original = RegimeDetector(num_layers=2, interval=2)
+    run_schedule(original, 13, cifar_lr, cifar_norm)
+    clone = RegimeDetector(num_layers=2)
+    clone.load_state_dict(original.state_dict())
+    assert clone.state_dict() == original.state_dict()
+    for epoch in range(13, 40):
+        for detector in (original, clone):
+            detector.observe_lr(cifar_lr(epoch))
+            detector.end_window([cifar_norm(epoch), 2 * cifar_norm(epoch)])
+        assert clone.critical == original.critical
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_layers": 0}, "num_layers"),
+    ({"num_layers": 1, "eta": 0}, "eta"),
+    ({"num_layers": 1, "eta": float("inf")}, "eta"),
+    ({"num_layers": 1, "interval": 0}, "interval"),
+    ({"num_layers": 1, "lr_decay_factor": 1.0}, "lr_decay_factor"),
+])
+def test_bad_configuration_raises(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RegimeDetector(**kwargs)
+
+
+def test_wrong_number_of_norms_raises():
+    with pytest.raises(ValueError, match="expected 2 norms"):
+        RegimeDetector(num_layers=2).end_window([1.0])
+
+
+def test_detector_imports_no_framework():
+    import subprocess
+    import sys
+    code = ("import sys, horovod_accordion.detector; "
+            "bad = [m for m in ('torch', 'tensorflow', 'horovod') if m in sys.modules]; "
+            "sys.exit(str(bad) if bad else 0)")
+    subprocess.run([sys.executable, "-c", code], check=True)
