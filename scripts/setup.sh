@@ -12,8 +12,7 @@ TF_KERAS=tf-keras==2.21.0
 
 step() { echo "==> setup: $*"; }
 
-if ! command -v mpirun >/dev/null || ! [ -e /usr/include/x86_64-linux-gnu/mpi/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
-   || ! [ -x /usr/bin/cmake ]; then
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! [ -x /usr/bin/cmake ]; then
     step "installing Open MPI and cmake from Debian"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin cmake >/dev/null

@@ -1,0 +1,111 @@
+"""Framework-agnostic descriptions of the switchable compressors and their levels.
+
+A level is what Accordion switches: the PowerSGD rank, or the TopK kept fraction.
+``low`` is ℓ_low (low compression, used in critical regimes) and ``high`` is ℓ_high.
+These objects only validate and describe; the torch and TensorFlow adapters build
+the reducers that do the maths. Validation happens here, at construction, so a bad
+configuration raises before any collective is started.
+"""
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["PowerSGD", "TopK", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count"]
+
+
+@dataclass(frozen=True)
+class PowerSGD:
+    """Rank-r PowerSGD (Vogels et al., 2019) with error feedback and a warm-started Q.
+
+    Args:
+        low_rank: rank used in critical regimes (ℓ_low, e.g. 2 or 4).
+        high_rank: rank used elsewhere (ℓ_high, e.g. 1). Defaults to ``low_rank``,
+            which is fixed-rank PowerSGD with no switching.
+        min_compression_rate: a matrix n×m is compressed only if
+            (n + m)·low_rank·min_compression_rate < n·m, as in torch's ``powerSGD_hook``;
+            the rest, and every 1-D tensor, is averaged uncompressed in fp32.
+        use_error_feedback: add the previous step's compression error to the gradient.
+        warm_start: reuse the last step's Q instead of drawing a new one each step.
+        seed: seed of the random Q; identical on every rank, so all ranks draw the same Q.
+    """
+    low_rank: int
+    high_rank: int = None
+    min_compression_rate: float = 2.0
+    use_error_feedback: bool = True
+    warm_start: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.high_rank is None:
+            object.__setattr__(self, "high_rank", self.low_rank)
+        for name in ("low_rank", "high_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PowerSGD {name} must be an integer >= 1, got {value!r}")
+        if self.high_rank > self.low_rank:
+            raise ValueError(
+                f"PowerSGD high_rank ({self.high_rank}) is ℓ_high, the *higher* compression, so it "
+                f"must not exceed low_rank ({self.low_rank}); swap them")
+        if not (self.min_compression_rate >= 0 and math.isfinite(self.min_compression_rate)):
+            raise ValueError(f"min_compression_rate must be >= 0, got {self.min_compression_rate!r}")
+
+    @property
+    def levels(self):
+        return self.low_rank, self.high_rank
+
+
+@dataclass(frozen=True)
+class TopK:
+    """TopK sparsification with error-feedback residuals, averaged over workers.
+
+    Args:
+        low_fraction: kept fraction in critical regimes (ℓ_low, e.g. 0.99).
+        high_fraction: kept fraction elsewhere (ℓ_high, e.g. 0.1). Defaults to ``low_fraction``.
+        use_error_feedback: keep the unsent remainder and add it to the next gradient.
+    """
+    low_fraction: float
+    high_fraction: float = None
+    use_error_feedback: bool = True
+
+    def __post_init__(self):
+        if self.high_fraction is None:
+            object.__setattr__(self, "high_fraction", self.low_fraction)
+        for name in ("low_fraction", "high_fraction"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"TopK {name} must be a fraction in (0, 1], got {value!r}")
+        if self.high_fraction > self.low_fraction:
+            raise ValueError(
+                f"TopK high_fraction ({self.high_fraction}) is ℓ_high, the *higher* compression, so it "
+                f"must not exceed low_fraction ({self.low_fraction}); swap them")
+
+    @property
+    def levels(self):
+        return self.low_fraction, self.high_fraction
+
+
+def is_matrix(shape):
+    """Only tensors with two or more dimensions are compressed, as in the paper."""
+    return len(shape) > 1
+
+
+def matrix_shape(shape):
+    """The (n, m) view of a tensor: n = shape[0], m = the product of the rest."""
+    return shape[0], math.prod(shape[1:])
+
+
+def powersgd_compresses(shape, config):
+    if not is_matrix(shape):
+        return False
+    n, m = matrix_shape(shape)
+    return (n + m) * config.low_rank * config.min_compression_rate < n * m
+
+
+def clamped_rank(rank, shape):
+    """A rank above min(n, m) carries no more information, so it is clamped."""
+    return min(rank, *matrix_shape(shape))
+
+
+def kept_count(fraction, numel):
+    """The number of entries TopK sends: int(fraction·numel), as the authors, but at least one."""
+    return max(1, int(fraction * numel))

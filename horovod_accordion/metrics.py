@@ -1,0 +1,40 @@
+"""What the optimizer reports: bytes on the wire per step, and each layer's level per check."""
+
+import json
+
+__all__ = ["CommunicationLog"]
+
+
+class CommunicationLog:
+    """Per-step traffic and per-check decisions, as a dict and optionally as JSONL.
+
+    ``path``: a JSONL file that every record is appended to, or ``None``.
+    """
+
+    def __init__(self, path=None):
+        self.path = path
+        self.bytes_per_step = []
+        self.checks = []
+
+    def record_step(self, step, bytes_sent, **extra):
+        self.bytes_per_step.append(int(bytes_sent))
+        self._write({"event": "step", "step": step, "bytes_sent": int(bytes_sent), **extra})
+
+    def record_check(self, step, window, levels, ratios, norms, **extra):
+        record = {"event": "check", "step": step, "window": window, "levels": dict(levels),
+                  "ratios": dict(ratios), "norms": dict(norms), **extra}
+        self.checks.append(record)
+        self._write(record)
+
+    def as_dict(self):
+        return {
+            "steps": len(self.bytes_per_step),
+            "bytes_per_step": list(self.bytes_per_step),
+            "total_bytes_sent": sum(self.bytes_per_step),
+            "checks": list(self.checks),
+        }
+
+    def _write(self, record):
+        if self.path is not None:
+            with open(self.path, "a") as stream:
+                stream.write(json.dumps(record) + "\n")

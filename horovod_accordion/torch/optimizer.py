@@ -1,0 +1,288 @@
+"""``DistributedOptimizer``: Horovod's drop-in, with Accordion switching the compression level.
+
+Like Horovod's, it is a factory that subclasses the user's optimizer class, so
+``isinstance`` and ``state_dict`` keep working. Unlike Horovod's, it communicates in
+``synchronize()`` (called by ``step()``) rather than from per-parameter hooks: PowerSGD
+needs every layer's P before the first allreduce, and one fused collective per phase
+beats one per layer. Gradients accumulate in ``.grad`` between steps, so any number of
+backward passes per step is correct.
+"""
+
+import warnings
+from contextlib import contextmanager
+
+import torch
+import horovod.torch as hvd
+from horovod.torch.compression import Compressor
+
+from horovod_accordion.accordion import Accordion
+from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.torch.collectives import Communicator
+from horovod_accordion.torch.compression import Compression
+from horovod_accordion.torch.powersgd import PowerSGDReducer
+from horovod_accordion.torch.topk import TopKReducer
+
+__all__ = ["DistributedOptimizer"]
+
+
+class DenseReducer:
+    """A plain Horovod compressor (none, fp16): one fused allreduce, no levels."""
+
+    def __init__(self, compression, communicator):
+        self.compression = compression
+        self.communicator = communicator
+
+    def set_levels(self, levels):
+        pass
+
+    def reduce(self, grads):
+        return self.communicator.allreduce_mean(grads, "accordion.dense", self.compression)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def _make_reducer(compression, shapes, communicator):
+    if isinstance(compression, PowerSGD):
+        return PowerSGDReducer(shapes, compression, communicator), compression.levels
+    if isinstance(compression, TopK):
+        return TopKReducer(shapes, compression, communicator), compression.levels
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        return DenseReducer(compression, communicator), (None, None)
+    raise ValueError(
+        f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
+        f"Compression.topk(...), got {compression!r}")
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set, accordion_options):
+        super(self.__class__, self).__init__(params)
+        self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        names = _parameter_names(self.param_groups, named_parameters)
+        self._names = [names[p] for p in self._params]
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._groups = groups  # every phase is already one fused collective; kept for the API
+        self._communicator = Communicator(process_set, gradient_predivide_factor)
+        self._reducer, levels = _make_reducer(compression, [p.shape for p in self._params], self._communicator)
+        log_path = accordion_options.pop("log_path")
+        log = CommunicationLog()
+        self._accordion = Accordion(self._names, levels, log=log, **accordion_options)
+        # Decisions are identical on every rank, so one file from rank 0 is the whole record.
+        if log_path is not None and process_set.rank() == 0:
+            log.path = log_path
+        self._accumulated = [torch.zeros_like(p, dtype=_norm_dtype(p)) for p in self._params] \
+            if self._accordion.adaptive else None
+        self._synchronized = False
+        self._should_synchronize = True
+        _check_same_parameters_on_all_ranks(self._names, self._params, compression, process_set)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+
+    def synchronize(self):
+        """Average the gradients over ranks, compressed at each layer's current level."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        if self._accordion.observe_lr(self.param_groups[0]["lr"]):
+            self._reducer.set_levels(self._accordion.levels)
+        grads = [self._dense_grad(p) for p in self._params]
+        if self._accumulated is not None:
+            for total, grad in zip(self._accumulated, grads):
+                total.add_(grad)
+        averaged = self._reducer.reduce(grads)
+        if self.op == hvd.Sum:
+            averaged = [g * self._communicator.size() for g in averaged]
+        for p, grad in zip(self._params, averaged):
+            if p.grad is None:
+                p.grad = grad
+            elif p.grad.is_sparse:
+                p.grad = grad.to_sparse()
+            else:
+                p.grad.copy_(grad)
+        if self._accordion.step_done(self.backward_passes_per_step):
+            self._end_window()
+        self._accordion.log.record_step(self._accordion.step, self._communicator.take_bytes_sent())
+        self._synchronized = True
+
+    def _dense_grad(self, p):
+        if p.grad is None:
+            # Another rank may have a gradient for it (a dynamic forward); all ranks must
+            # contribute the same tensors to the fused collectives.
+            return torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self.sparse_as_dense:
+                raise ValueError(
+                    f"parameter {self._names[self._params.index(p)]!r} has a sparse gradient; Accordion "
+                    f"compresses dense tensors only: pass sparse_as_dense=True")
+            return p.grad.to_dense()
+        return p.grad
+
+    def end_epoch(self):
+        """Close an epoch-long detection window. Call it once per epoch, on every rank."""
+        if self._accordion.window_steps is not None:
+            raise RuntimeError(
+                f"this optimizer closes its windows every {self._accordion.window_steps} steps by itself; "
+                f"end_epoch() is for window_steps=None")
+        self._end_window()
+
+    def _end_window(self):
+        if self._accumulated is None:
+            return
+        local = torch.stack([t.double().pow(2).sum() for t in self._accumulated])
+        (mean_squared,) = self._communicator.allreduce_mean([local], "accordion.norms")
+        if self._accordion.end_window(mean_squared.tolist()):
+            self._reducer.set_levels(self._accordion.levels)
+        for total in self._accumulated:
+            total.zero_()
+
+    def accordion_stats(self):
+        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
+        stats = self._accordion.log.as_dict()
+        stats["levels"] = dict(zip(self._names, self._accordion.levels))
+        return stats
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit ``synchronize()``, e.g. to clip the averaged gradients."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
+                              "after optimizer.synchronize(); the gradients are averaged twice")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def state_dict(self):
+        state = super(self.__class__, self).state_dict()
+        state["accordion"] = {
+            "schedule": self._accordion.state_dict(),
+            "reducer": self._reducer.state_dict(),
+            "accumulated": None if self._accumulated is None else [t.clone() for t in self._accumulated],
+        }
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        accordion_state = state_dict.pop("accordion", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if accordion_state is not None:
+            self._accordion.load_state_dict(accordion_state["schedule"])
+            self._reducer.load_state_dict(accordion_state["reducer"])
+            if self._accumulated is not None:
+                for total, saved in zip(self._accumulated, accordion_state["accumulated"]):
+                    total.copy_(saved)
+        self._synchronized = False
+
+
+def _norm_dtype(p):
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+
+def _parameter_names(param_groups, named_parameters):
+    """Names as Horovod gives them, with Horovod's checks."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}"
+                for i, group in enumerate(param_groups) for j, p in enumerate(group["params"])}
+    named_parameters = list(named_parameters)
+    if any(not isinstance(item, tuple) for item in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [name for name, _ in named_parameters]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                         f"{', '.join(duplicates)}")
+    by_parameter = {p: name for name, p in named_parameters}
+    unnamed = [p for group in param_groups for p in group["params"] if p not in by_parameter]
+    if unnamed:
+        raise ValueError(f"named_parameters was specified, but {len(unnamed)} model parameters were not named")
+    return by_parameter
+
+
+def _check_same_parameters_on_all_ranks(names, params, compression, process_set):
+    """The fused buffers are laid out in parameter order, so every rank must list the
+    same parameters in the same order; otherwise fail here with the first difference
+    rather than exchange misaligned buffers or hang on mismatched sizes."""
+    signature = [(name, tuple(p.shape), str(p.dtype)) for name, p in zip(names, params)]
+    local = {"parameters": signature, "compression": repr(compression)}
+    everyone = hvd.allgather_object(local, process_set=process_set)
+    reference = everyone[0]
+    for rank, other in enumerate(everyone):
+        if other["compression"] != reference["compression"]:
+            raise ValueError(f"rank {rank} uses compression {other['compression']}, rank 0 uses "
+                             f"{reference['compression']}; all ranks must use the same")
+        if other["parameters"] != reference["parameters"]:
+            position = next((k for k, (a, b) in enumerate(zip(reference["parameters"], other["parameters"]))
+                             if a != b), min(len(reference["parameters"]), len(other["parameters"])))
+            raise ValueError(
+                f"rank {rank} registers its parameters differently from rank 0: at position {position}, "
+                f"rank 0 has {_describe(reference['parameters'], position)} and rank {rank} has "
+                f"{_describe(other['parameters'], position)}. Build the model and the optimizer the "
+                f"same way on every rank (same parameter order).")
+
+
+def _describe(signature, position):
+    return repr(signature[position]) if position < len(signature) else "nothing"
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=hvd.global_process_set, *,
+                         eta=0.5, interval=10, window_steps=None, per_layer=True,
+                         lr_decay_factor=2.0, log_path=None):
+    """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
+
+    The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
+    defaults. Accordion adapts the level of ``compression=Compression.powersgd(low_rank,
+    high_rank)`` or ``Compression.topk(low_fraction, high_fraction)``; with
+    ``Compression.none`` or ``Compression.fp16`` it behaves as Horovod's optimizer.
+
+    Accordion's arguments:
+        eta: relative change of a layer's accumulated-gradient norm that marks a critical
+            regime (ℓ_low). The paper's 0.5.
+        interval: check every ``interval`` windows (the paper: 10 epochs).
+        window_steps: a window is this many steps; ``None`` (default) means one epoch,
+            closed by calling ``optimizer.end_epoch()`` at the end of every epoch.
+        per_layer: decide per parameter tensor (the paper) or once for the whole model.
+        lr_decay_factor: a learning-rate drop to 1/``lr_decay_factor`` of the highest
+            rate since the last such drop puts every layer at ℓ_low until the next
+            check. ``None`` disables the rule. See ``horovod_accordion.detector``.
+        log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
+    """
+    if op == hvd.Adasum:
+        raise ValueError("op=hvd.Adasum is not supported by horovod_accordion; use hvd.Average or hvd.Sum")
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
+    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    if num_groups != 0:
+        warnings.warn("num_groups is deprecated in Horovod; use groups", DeprecationWarning)
+        groups = num_groups
+    if groups is not None and not (isinstance(groups, list) or groups > 0):
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
+                             lr_decay_factor=lr_decay_factor, log_path=log_path)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, accordion_options)

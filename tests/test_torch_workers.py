@@ -1,0 +1,11 @@
+"""PyTorch adapter on 2 real Horovod processes, over Gloo and over MPI."""
+import pytest
+
+from tests.conftest import CONTROLLERS, check_names
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("check", check_names("torch_checks"))
+def test_torch(launches, controller, check):
+    launches("torch_checks", controller).check(check)

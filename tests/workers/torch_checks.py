@@ -1,0 +1,308 @@
+"""Checks run on every rank of a real ``horovodrun -np 2`` job (see runner.py)."""
+import json
+import os
+import tempfile
+
+import torch
+import horovod.torch as horovod
+
+import horovod_accordion.torch as hvd
+from horovod_accordion.torch import Compression
+
+
+def setup():
+    hvd.init()
+    torch.set_num_threads(1)
+    return hvd.rank()
+
+
+def gathered(tensor):
+    """Every rank's copy of ``tensor``, shape (size, numel)."""
+    return horovod.allgather(tensor.detach().reshape(1, -1).clone())
+
+
+def assert_same_on_all_ranks(model):
+    for name, p in model.named_parameters():
+        rows = gathered(p)
+        assert torch.equal(rows[0], rows[1]), f"{name} differs across ranks"
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 24), torch.nn.ReLU(), torch.nn.Linear(24, 4))
+
+
+def rank_batch(step, scale=1.0):
+    """Different data on every rank: the gradients differ, so averaging matters."""
+    generator = torch.Generator().manual_seed(1000 * hvd.rank() + step)
+    x = torch.randn(16, 20, generator=generator) * scale * (1 + 3 * hvd.rank())
+    y = torch.randint(0, 4, (16,), generator=generator)
+    return x, y
+
+
+def train(model, optimizer, steps, scale_at=None):
+    for step in range(steps):
+        x, y = rank_batch(step, scale=(10.0 if scale_at is not None and step >= scale_at else 1.0))
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def set_rank_gradients(params, step):
+    generator = torch.Generator().manual_seed(7919 * hvd.rank() + step)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+
+
+def expected_average(params):
+    return [horovod.allreduce(p.grad.clone(), op=horovod.Average) for p in params]
+
+
+def check_smoke_allreduce_and_allgather():
+    summed = horovod.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=horovod.Sum)
+    assert summed.item() == 3.0
+    ragged = horovod.allgather(torch.full((hvd.rank() + 1, 2), float(hvd.rank())))
+    assert ragged.shape == (3, 2) and ragged[0, 0] == 0 and ragged[1:, 0].tolist() == [1.0, 1.0]
+
+
+def check_parameters_identical_after_one_step():
+    for compression in (Compression.none, Compression.fp16, Compression.powersgd(2, 1),
+                        Compression.topk(0.5, 0.1)):
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters(),
+                                             compression=compression)
+        train(model, optimizer, 1)
+        assert_same_on_all_ranks(model)
+
+
+def check_none_matches_horovod_distributed_optimizer():
+    ours, theirs = make_model(), make_model()
+    ours_opt = hvd.DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=ours.named_parameters())
+    theirs_opt = horovod.DistributedOptimizer(torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9),
+                                              named_parameters=theirs.named_parameters())
+    train(ours, ours_opt, 5)
+    train(theirs, theirs_opt, 5)
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), f"{name}: max diff {(a - b).abs().max()}"
+
+
+def check_powersgd_full_rank_with_error_feedback_equals_average():
+    model = make_model()
+    compression = Compression.powersgd(low_rank=64, min_compression_rate=0)  # clamped to min(n, m)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), compression=compression)
+    params = list(model.parameters())
+    assert len(optimizer._reducer.compressed) == 3
+    for step in range(4):
+        set_rank_gradients(params, step)
+        expected = expected_average(params)
+        optimizer.synchronize()
+        for p, e in zip(params, expected):
+            assert torch.allclose(p.grad, e, atol=1e-5, rtol=0), f"step {step}: {(p.grad - e).abs().max()}"
+        optimizer.zero_grad()
+
+
+def check_topk_full_fraction_equals_average():
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.topk(1.0))
+    params = list(model.parameters())
+    for step in range(3):
+        set_rank_gradients(params, step)
+        expected = expected_average(params)
+        optimizer.synchronize()
+        for p, e in zip(params, expected):
+            assert torch.allclose(p.grad, e, atol=1e-6, rtol=0)
+        optimizer.zero_grad()
+
+
+def check_topk_averages_and_keeps_residual():
+    p = torch.nn.Parameter(torch.zeros(2, 3))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), compression=Compression.topk(1 / 3))
+    p.grad = torch.tensor([[1.0, -8.0, 2.0], [0.5, 0.0, 3.0]]) * (hvd.rank() + 1)
+    optimizer.synchronize()
+    # k = 2 per rank: -8 and 3 (x1 on rank 0, x2 on rank 1), averaged: -12 and 4.5
+    assert p.grad.tolist() == [[0.0, -12.0, 0.0], [0.0, 0.0, 4.5]]
+    residual = optimizer._reducer.residual[0].view(2, 3) / (hvd.rank() + 1)
+    assert residual.tolist() == [[1.0, 0.0, 2.0], [0.5, 0.0, 0.0]]
+
+
+def check_level_switch_on_every_rank_at_the_same_step_with_skewed_shards():
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters(),
+        compression=Compression.powersgd(2, 1, min_compression_rate=0), window_steps=1, interval=2)
+    history, local_norms = [], []
+    for step in range(12):
+        x, y = rank_batch(0, scale=10.0 if step >= 6 else 1.0)  # rank 1's shard is 4x larger in scale
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        local_norms.append(model[0].weight.grad.norm().item())
+        optimizer.step()
+        history.append(list(optimizer.accordion_stats()["levels"].values()))
+    everyone = horovod.allgather_object({"history": history, "norms": local_norms})
+    assert everyone[0]["history"] == everyone[1]["history"], "ranks disagree on the levels"
+    assert everyone[0]["norms"] != everyone[1]["norms"], "shards were meant to be skewed"
+    first_layer = [levels[0] for levels in history]
+    assert 1 in first_layer and first_layer.index(1) < 6, first_layer  # settled to ℓ_high
+    assert first_layer[6] == 2 or first_layer[7] == 2, first_layer  # the jump at step 6 is critical
+    assert optimizer._reducer.ranks[0] == first_layer[-1]
+    return first_layer
+
+
+def check_bad_configuration_raises_before_any_collective():
+    model = make_model()
+    cases = [
+        lambda: Compression.powersgd(0),
+        lambda: Compression.powersgd(1, 2),
+        lambda: Compression.topk(0.0),
+        lambda: Compression.topk(1.5),
+        lambda: Compression.cast(torch.bfloat16),
+        lambda: Compression.cast(torch.int8),
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="topk"),
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), eta=-1.0),
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), interval=0),
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), window_steps=0),
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=horovod.Adasum),
+    ]
+    # Rank 1 alone makes the mistakes: had any of them entered a collective, rank 1
+    # would hang waiting for rank 0, and this check would time out.
+    if hvd.rank() == 1:
+        for case in cases:
+            try:
+                case()
+            except ValueError:
+                continue
+            raise AssertionError("a bad configuration did not raise ValueError")
+    assert horovod.allreduce(torch.ones(1), op=horovod.Sum).item() == 2.0
+
+
+def check_different_parameter_order_is_a_clear_error():
+    model = make_model()
+    named = list(model.named_parameters())
+    if hvd.rank() == 1:
+        named = named[::-1]
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named)
+    except ValueError as error:
+        assert "registers its parameters differently" in str(error), error
+        return str(error)
+    raise AssertionError("a different parameter order was accepted")
+
+
+class Mixed(torch.nn.Module):
+    """A frozen layer, a branch only rank 0 uses, and fp64 and bf16 parameters."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.frozen = torch.nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.branch = torch.nn.Linear(8, 8)
+        self.double = torch.nn.Linear(8, 8).double()
+        self.half = torch.nn.Linear(8, 4).to(torch.bfloat16)
+
+    def forward(self, x):
+        h = self.frozen(x)
+        if hvd.rank() == 0:
+            h = h + self.branch(h)
+        h = self.double(h.double()).float()
+        return self.half(h.to(torch.bfloat16)).float()
+
+
+def check_frozen_unused_and_mixed_dtype_parameters():
+    for compression in (Compression.none, Compression.powersgd(2, 1, min_compression_rate=0),
+                        Compression.topk(0.5)):
+        model = Mixed()
+        frozen_before = model.frozen.weight.clone()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters(), compression=compression)
+        for step in range(3):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(hvd.rank() * 10 + step))
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        assert torch.equal(model.frozen.weight, frozen_before)
+        assert model.double.weight.dtype == torch.float64 and model.half.weight.dtype == torch.bfloat16
+        for name, p in model.named_parameters():
+            rows = gathered(p.float())
+            assert torch.equal(rows[0], rows[1]), f"{compression}: {name} differs across ranks"
+        assert not torch.equal(model.branch.weight, Mixed().branch.weight), "rank 0's branch gradient was lost"
+
+
+def check_bytes_on_the_wire():
+    layer = torch.nn.Linear(64, 32)  # weight 32x64, bias 32
+    expected = {
+        "none": (32 * 64 + 32) * 4,
+        "fp16": (32 * 64 + 32) * 2,
+        "powersgd-1": (32 * 1 + 64 * 1 + 32) * 4,
+        "powersgd-2": (32 * 2 + 64 * 2 + 32) * 4,
+        "topk-10%": 2 * int(0.1 * 2048) * 4 + 32 * 4,
+    }
+    compressions = {"none": Compression.none, "fp16": Compression.fp16, "powersgd-1": Compression.powersgd(1),
+                    "powersgd-2": Compression.powersgd(2), "topk-10%": Compression.topk(0.1)}
+    measured = {}
+    for key, compression in compressions.items():
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.0), compression=compression)
+        layer(torch.randn(3, 64)).sum().backward()
+        optimizer.step()
+        measured[key] = optimizer.accordion_stats()["bytes_per_step"][-1]
+        optimizer.zero_grad()
+    assert measured == expected, measured
+    return measured
+
+
+def check_state_dict_round_trip_continues_identically():
+    compression = Compression.powersgd(2, 1, min_compression_rate=0)
+
+    def build():
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                             named_parameters=model.named_parameters(), compression=compression,
+                                             window_steps=2, interval=1)
+        return model, optimizer
+
+    model, optimizer = build()
+    train(model, optimizer, 5)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    buffer = tempfile.SpooledTemporaryFile()
+    torch.save(optimizer.state_dict(), buffer)
+    buffer.seek(0)
+    restored_model, restored = build()
+    restored_model.load_state_dict(saved_model)
+    restored.load_state_dict(torch.load(buffer, weights_only=False))
+    assert restored.accordion_stats()["levels"] == optimizer.accordion_stats()["levels"]
+    assert all(torch.equal(restored._reducer.memory[i], optimizer._reducer.memory[i])
+               for i in optimizer._reducer.memory)
+    for step in range(5, 9):
+        for m, o in ((model, optimizer), (restored_model, restored)):
+            x, y = rank_batch(step)
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), restored_model.parameters()):
+        assert torch.equal(a, b), f"{name} diverged after restoring the checkpoint"
+
+
+def check_jsonl_log_on_rank_zero_only():
+    path = os.path.join(tempfile.gettempdir(), f"accordion-log-{os.getppid()}-{hvd.rank()}.jsonl")
+    if os.path.exists(path):
+        os.remove(path)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.topk(0.5, 0.1), log_path=path)
+    train(model, optimizer, 2)
+    optimizer.end_epoch()
+    if hvd.rank() != 0:
+        assert not os.path.exists(path)
+        return None
+    records = [json.loads(line) for line in open(path)]
+    assert [r["event"] for r in records] == ["step", "step", "check"]
+    assert records[-1]["levels"] == {name: 0.5 for name, _ in model.named_parameters()}
+    assert records[0]["bytes_sent"] == optimizer.accordion_stats()["bytes_per_step"][0]
+    return records[-1]
