@@ -14,10 +14,12 @@ class CommunicationLog:
     def __init__(self, path=None):
         self.path = path
         self.bytes_per_step = []
+        self.steps_extra = []
         self.checks = []
 
     def record_step(self, step, bytes_sent, **extra):
         self.bytes_per_step.append(int(bytes_sent))
+        self.steps_extra.append(extra)
         self._write({"event": "step", "step": step, "bytes_sent": int(bytes_sent), **extra})
 
     def record_check(self, step, window, levels, ratios, norms, **extra):
@@ -31,6 +33,7 @@ class CommunicationLog:
             "steps": len(self.bytes_per_step),
             "bytes_per_step": list(self.bytes_per_step),
             "total_bytes_sent": sum(self.bytes_per_step),
+            "steps_extra": list(self.steps_extra),
             "checks": list(self.checks),
         }
 

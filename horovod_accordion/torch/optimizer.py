@@ -1,4 +1,5 @@
-"""``DistributedOptimizer``: Horovod's drop-in, with Accordion switching the compression level.
+"""``DistributedOptimizer``: Horovod's drop-in, with Accordion switching the compression level
+or, with ``batch_switch``, the batch size.
 
 Like Horovod's, it is a factory that subclasses the user's optimizer class, so
 ``isinstance`` and ``state_dict`` keep working. Unlike Horovod's, it communicates in
@@ -6,6 +7,10 @@ Like Horovod's, it is a factory that subclasses the user's optimizer class, so
 needs every layer's P before the first allreduce, and one fused collective per phase
 beats one per layer. Gradients accumulate in ``.grad`` between steps, so any number of
 backward passes per step is correct.
+
+With ``batch_switch``, ``step()`` and ``zero_grad()`` are called after every micro-batch as
+usual; the optimizer accumulates ``micro_batches_per_step`` of them (1 or m, Accordion's
+choice), averages them, communicates once and applies the step with a scaled LR.
 """
 
 import warnings
@@ -16,6 +21,7 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
+from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.torch.collectives import Communicator
@@ -60,7 +66,8 @@ def _make_reducer(compression, shapes, communicator):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, process_set, accordion_options):
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set, batch_switch,
+                 accordion_options):
         super(self.__class__, self).__init__(params)
         self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         names = _parameter_names(self.param_groups, named_parameters)
@@ -72,6 +79,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = groups  # every phase is already one fused collective; kept for the API
         self._communicator = Communicator(process_set, gradient_predivide_factor)
         self._reducer, levels = _make_reducer(compression, [p.shape for p in self._params], self._communicator)
+        self._batch_switch = batch_switch
+        if batch_switch is not None:
+            if not isinstance(batch_switch, BatchSwitch):
+                raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
+            if levels[0] != levels[1]:
+                raise ValueError("Accordion switches either the compression level or the batch size: "
+                                 "with batch_switch, use a fixed compression")
+            levels = batch_switch.levels
+            accordion_options["per_layer"] = False  # one batch size for the whole model
+        self._micro_batches = 0
+        self._steps_at_batch = (None, 0)
+        self._lr_factor = 1.0
         log_path = accordion_options.pop("log_path")
         log = CommunicationLog()
         self._accordion = Accordion(self._names, levels, log=log, **accordion_options)
@@ -98,6 +117,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._accumulated is not None:
             for total, grad in zip(self._accumulated, grads):
                 total.add_(grad)
+        micro_batches = self._micro_batches if self._batch_switch is not None else self.backward_passes_per_step
+        if self._batch_switch is not None and micro_batches > 1:
+            grads = [g / micro_batches for g in grads]  # the mean over the large batch
         averaged = self._reducer.reduce(grads)
         if self.op == hvd.Sum:
             averaged = [g * self._communicator.size() for g in averaged]
@@ -108,9 +130,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = grad.to_sparse()
             else:
                 p.grad.copy_(grad)
-        if self._accordion.step_done(self.backward_passes_per_step):
+        if self._accordion.step_done(micro_batches):
             self._end_window()
-        self._accordion.log.record_step(self._accordion.step, self._communicator.take_bytes_sent())
+        self._accordion.log.record_step(self._accordion.step, self._communicator.take_bytes_sent(),
+                                        **self._batch_step_record(micro_batches))
         self._synchronized = True
 
     def _dense_grad(self, p):
@@ -139,10 +162,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         local = torch.stack([t.double().pow(2).sum() for t in self._accumulated])
         (mean_squared,) = self._communicator.allreduce_mean([local], "accordion.norms")
-        if self._accordion.end_window(mean_squared.tolist()):
+        if self._accordion.end_window(mean_squared.tolist(), **self._batch_check_record()):
             self._reducer.set_levels(self._accordion.levels)
         for total in self._accumulated:
             total.zero_()
+
+    @property
+    def micro_batches_per_step(self):
+        """How many micro-batches (``step()`` calls) make one communication now."""
+        return self._accordion.levels[0] if self._batch_switch is not None else 1
+
+    def _batch_check_record(self):
+        if self._batch_switch is None:
+            return {}
+        per_step = self.micro_batches_per_step
+        return {"micro_batches_per_step": per_step,
+                "global_batch": per_step * self._batch_switch.small_batch * self._communicator.size()}
+
+    def _batch_step_record(self, micro_batches):
+        if self._batch_switch is None:
+            return {}
+        level, steps = self._steps_at_batch
+        steps = steps + 1 if level == micro_batches else 0
+        self._steps_at_batch = (micro_batches, steps)
+        self._lr_factor = self._batch_switch.lr_factor(micro_batches, steps)
+        return {"micro_batches": micro_batches, "lr_factor": self._lr_factor}
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
@@ -160,13 +204,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self._batch_switch is not None:
+            self._micro_batches += 1
+            if self._micro_batches < self.micro_batches_per_step:
+                return None  # keep accumulating this large batch
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
                               "after optimizer.synchronize(); the gradients are averaged twice")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        if self._batch_switch is None:
+            return super(self.__class__, self).step(closure)
+        self._micro_batches = 0
+        return self._step_with_lr_factor(closure, self._lr_factor)
+
+    def _step_with_lr_factor(self, closure, factor):
+        """Scale the LR for this step only: the user's scheduler keeps owning the base LR,
+        and the detector keeps seeing it unscaled."""
+        base = [group["lr"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["lr"] = group["lr"] * factor
+        try:
+            return super(self.__class__, self).step(closure)
+        finally:
+            for group, lr in zip(self.param_groups, base):
+                group["lr"] = lr
+
+    def zero_grad(self, set_to_none=True):
+        if self._batch_switch is not None and self._micro_batches > 0:
+            return  # mid-way through a large batch: the micro-batch gradients must add up
+        super(self.__class__, self).zero_grad(set_to_none)
 
     def state_dict(self):
         state = super(self.__class__, self).state_dict()
@@ -246,7 +314,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=hvd.global_process_set, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
-                         lr_decay_factor=2.0, log_path=None):
+                         lr_decay_factor=2.0, log_path=None, batch_switch=None):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
@@ -265,6 +333,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             rate since the last such drop puts every layer at ℓ_low until the next
             check. ``None`` disables the rule. See ``horovod_accordion.detector``.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
+        batch_switch: a :class:`horovod_accordion.batch.BatchSwitch`: switch the batch size
+            (1 or m micro-batches per communication, whole-model decision) instead of the
+            compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
+            micro-batch; the optimizer averages the micro-batches and scales the LR.
     """
     if op == hvd.Adasum:
         raise ValueError("op=hvd.Adasum is not supported by horovod_accordion; use hvd.Average or hvd.Sum")
@@ -285,4 +357,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                              lr_decay_factor=lr_decay_factor, log_path=log_path)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, accordion_options)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, batch_switch, accordion_options)

@@ -1,0 +1,61 @@
+"""Accordion for batch size: a small batch in critical regimes, m times larger elsewhere.
+
+The large batch is made of m micro-batches of the small one, accumulated locally and
+communicated once (gradient accumulation), so data loaders stay unchanged and the
+traffic per sample drops by m. The level Accordion switches is the number of
+micro-batches per communication: 1 (ℓ_low, small batch) or m (ℓ_high, large batch).
+The decision is whole-model, as in the authors' batch-size runs and Shockwave.
+"""
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["BatchSwitch"]
+
+_LR_SCALING = {
+    "linear": lambda multiplier: float(multiplier),
+    "sqrt": lambda multiplier: math.sqrt(multiplier),
+    "none": lambda multiplier: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class BatchSwitch:
+    """Switch between ``small_batch`` and ``multiplier``·``small_batch`` samples per rank and step.
+
+    Args:
+        small_batch: the per-rank batch of the data loader, used as is in critical regimes.
+        multiplier: m; the large batch is m micro-batches, communicated once.
+        lr_scaling: how the learning rate follows the batch: ``"linear"`` (Goyal et al.,
+            the default), ``"sqrt"``, ``"none"``, or a function of the multiplier in force.
+        warmup_steps: after each switch to the large batch, the LR factor ramps linearly
+            from 1 to its full value over this many (large-batch) steps.
+    """
+    small_batch: int
+    multiplier: int
+    lr_scaling: object = "linear"
+    warmup_steps: int = 5
+
+    def __post_init__(self):
+        for name in ("small_batch", "multiplier"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BatchSwitch {name} must be a positive integer, got {value!r}")
+        if not callable(self.lr_scaling) and self.lr_scaling not in _LR_SCALING:
+            raise ValueError(f"lr_scaling must be one of {sorted(_LR_SCALING)} or a function, "
+                             f"got {self.lr_scaling!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+
+    @property
+    def levels(self):
+        return 1, self.multiplier
+
+    def lr_factor(self, micro_batches, steps_since_switch):
+        """The factor on the user's learning rate for a step of ``micro_batches`` micro-batches,
+        the ``steps_since_switch``-th (from 0) since the batch size last changed."""
+        scaling = self.lr_scaling if callable(self.lr_scaling) else _LR_SCALING[self.lr_scaling]
+        full = scaling(micro_batches)
+        if micro_batches == 1 or steps_since_switch >= self.warmup_steps:
+            return full
+        return 1 + (full - 1) * (steps_since_switch + 1) / (self.warmup_steps + 1)
