@@ -285,24 +285,34 @@ def _parameter_names(param_groups, named_parameters):
 
 def _check_same_parameters_on_all_ranks(names, params, compression, process_set):
     """The fused buffers are laid out in parameter order, so every rank must list the
-    same parameters in the same order; otherwise fail here with the first difference
-    rather than exchange misaligned buffers or hang on mismatched sizes."""
-    signature = [(name, tuple(p.shape), str(p.dtype)) for name, p in zip(names, params)]
-    local = {"parameters": signature, "compression": repr(compression)}
-    everyone = hvd.allgather_object(local, process_set=process_set)
-    reference = everyone[0]
-    for rank, other in enumerate(everyone):
-        if other["compression"] != reference["compression"]:
-            raise ValueError(f"rank {rank} uses compression {other['compression']}, rank 0 uses "
-                             f"{reference['compression']}; all ranks must use the same")
-        if other["parameters"] != reference["parameters"]:
-            position = next((k for k, (a, b) in enumerate(zip(reference["parameters"], other["parameters"]))
-                             if a != b), min(len(reference["parameters"]), len(other["parameters"])))
-            raise ValueError(
-                f"rank {rank} registers its parameters differently from rank 0: at position {position}, "
-                f"rank 0 has {_describe(reference['parameters'], position)} and rank {rank} has "
-                f"{_describe(other['parameters'], position)}. Build the model and the optimizer the "
-                f"same way on every rank (same parameter order).")
+    same parameters in the same order; otherwise every rank fails here, the odd one
+    with the first difference, rather than exchange misaligned buffers or hang."""
+    local = {"parameters": [(name, tuple(p.shape), str(p.dtype)) for name, p in zip(names, params)],
+             "compression": repr(compression)}
+    root = process_set.ranks[0] if process_set.ranks else 0
+    reference = hvd.broadcast_object(local, root_rank=root, process_set=process_set,
+                                     name="accordion.signature")
+    problem = _first_difference(reference, local, process_set.rank())
+    mismatched = hvd.allreduce(torch.tensor([int(problem is not None)]), op=hvd.Sum,
+                               name="accordion.signature.check", process_set=process_set).item()
+    if problem is not None:
+        raise ValueError(problem)
+    if mismatched:
+        raise ValueError(f"{mismatched} other rank(s) registers its parameters differently from rank 0 or "
+                         f"uses another compression; their error says where")
+
+
+def _first_difference(reference, local, rank):
+    if local["compression"] != reference["compression"]:
+        return (f"rank {rank} uses compression {local['compression']}, rank 0 uses "
+                f"{reference['compression']}; all ranks must use the same")
+    ours, theirs = local["parameters"], reference["parameters"]
+    if ours == theirs:
+        return None
+    position = next((k for k, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(ours), len(theirs)))
+    return (f"rank {rank} registers its parameters differently from rank 0: at position {position}, "
+            f"rank 0 has {_describe(theirs, position)} and rank {rank} has {_describe(ours, position)}. "
+            f"Build the model and the optimizer the same way on every rank (same parameter order).")
 
 
 def _describe(signature, position):

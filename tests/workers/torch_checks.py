@@ -203,15 +203,15 @@ class Mixed(torch.nn.Module):
         self.frozen = torch.nn.Linear(8, 8)
         self.frozen.requires_grad_(False)
         self.branch = torch.nn.Linear(8, 8)
-        self.double = torch.nn.Linear(8, 8).double()
-        self.half = torch.nn.Linear(8, 4).to(torch.bfloat16)
+        self.fp64 = torch.nn.Linear(8, 8).double()
+        self.bf16 = torch.nn.Linear(8, 4).to(torch.bfloat16)
 
     def forward(self, x):
         h = self.frozen(x)
         if hvd.rank() == 0:
             h = h + self.branch(h)
-        h = self.double(h.double()).float()
-        return self.half(h.to(torch.bfloat16)).float()
+        h = self.fp64(h.double()).float()
+        return self.bf16(h.to(torch.bfloat16)).float()
 
 
 def check_frozen_unused_and_mixed_dtype_parameters():
@@ -227,7 +227,7 @@ def check_frozen_unused_and_mixed_dtype_parameters():
             model(x).pow(2).mean().backward()
             optimizer.step()
         assert torch.equal(model.frozen.weight, frozen_before)
-        assert model.double.weight.dtype == torch.float64 and model.half.weight.dtype == torch.bfloat16
+        assert model.fp64.weight.dtype == torch.float64 and model.bf16.weight.dtype == torch.bfloat16
         for name, p in model.named_parameters():
             rows = gathered(p.float())
             assert torch.equal(rows[0], rows[1]), f"{compression}: {name} differs across ranks"
