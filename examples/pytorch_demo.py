@@ -81,7 +81,9 @@ def main():
         for check in stats["checks"][checks_printed:]:
             if hvd.rank() == 0:
                 levels = "  ".join(f"{name}={level}" for name, level in check["levels"].items())
-                print(f"[rank 0] check after epoch {epoch}: {levels}", flush=True)
+                what = (f"LR decay to {check['lr']:g} in epoch {epoch}" if check["event"] == "lr_decay"
+                        else f"check after epoch {epoch}")
+                print(f"[rank 0] {what}: levels per layer: {levels}", flush=True)
         checks_printed = len(stats["checks"])
     if not args.plain_horovod and hvd.rank() == 0:
         stats = optimizer.accordion_stats()

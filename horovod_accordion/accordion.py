@@ -23,10 +23,12 @@ class Accordion:
         window_steps: a window is this many optimizer steps; ``None`` means the user
             closes each window (an epoch) by calling ``end_epoch()`` on the optimizer.
         log: a :class:`CommunicationLog`.
+        describe: a function of the new levels that returns extra fields for each check
+            record (the batch variant logs the batch size in force).
     """
 
     def __init__(self, layer_names, levels, eta=0.5, interval=10, window_steps=None,
-                 per_layer=True, lr_decay_factor=2.0, log=None):
+                 per_layer=True, lr_decay_factor=2.0, log=None, describe=None):
         if window_steps is not None and (int(window_steps) != window_steps or window_steps < 1):
             raise ValueError(f"window_steps must be a positive integer or None (epochs), got {window_steps!r}")
         self.layer_names = list(layer_names)
@@ -35,6 +37,7 @@ class Accordion:
         self.detector = RegimeDetector(len(self.layer_names), eta=eta, interval=interval,
                                        per_layer=per_layer, lr_decay_factor=lr_decay_factor)
         self.log = log if log is not None else CommunicationLog()
+        self.describe = describe
         self.step = 0
         self.micro_batches_in_window = 0
 
@@ -48,7 +51,10 @@ class Accordion:
 
     def observe_lr(self, lr):
         """Returns ``True`` if a learning-rate decay event just switched every layer to ℓ_low."""
-        return self.detector.observe_lr(lr)
+        if not self.detector.observe_lr(lr):
+            return False
+        self.log.record_decay(self.step, lr, zip(self.layer_names, self.levels))
+        return True
 
     def step_done(self, micro_batches=1):
         """Count one optimizer step. Returns ``True`` when a step-based window is complete."""
@@ -56,15 +62,22 @@ class Accordion:
         self.micro_batches_in_window += micro_batches
         return self.window_steps is not None and self.step % self.window_steps == 0
 
-    def end_window(self, mean_squared_norms, **log_extra):
-        """Close the window with each layer's squared norm of the accumulated gradient,
-        averaged over ranks. Norms are divided by the micro-batches in the window, so
-        a change in batch size or window length alone does not look like a regime change.
+    @property
+    def window_is_check(self):
+        """Only a window that ends in a check needs its gradients accumulated and reduced."""
+        return self.adaptive and self.detector.next_window_is_check
+
+    def end_window(self, mean_squared_norms=None, **log_extra):
+        """Close the window; at a check, with each layer's squared norm of the accumulated
+        gradient, averaged over ranks. Norms are divided by the micro-batches in the window,
+        so a change in batch size or window length alone does not look like a regime change.
         """
         scale = max(self.micro_batches_in_window, 1)
-        norms = [math.sqrt(s) / scale if s >= 0 else float("nan") for s in mean_squared_norms]
-        window = self.detector.windows_seen
         self.micro_batches_in_window = 0
+        window = self.detector.windows_seen
+        if mean_squared_norms is None:
+            return self.detector.end_window()
+        norms = [math.sqrt(s) / scale if s >= 0 else float("nan") for s in mean_squared_norms]
         if not self.detector.end_window(norms):
             return False
         ratios = self.detector.last_ratios
@@ -72,7 +85,8 @@ class Accordion:
             ratios = ratios * len(self.layer_names)
         self.log.record_check(
             self.step, window, zip(self.layer_names, self.levels),
-            zip(self.layer_names, ratios), zip(self.layer_names, norms), **log_extra)
+            zip(self.layer_names, ratios), zip(self.layer_names, norms),
+            **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
 
     def state_dict(self):

@@ -71,19 +71,27 @@ class RegimeDetector:
         self.last_ratios = None
         self.lr_reference = None
 
-    def end_window(self, norms):
+    @property
+    def next_window_is_check(self):
+        """Whether the window now running ends in a check: only those need norms."""
+        return self.windows_seen % self.interval == 0
+
+    def end_window(self, norms=None):
         """Report the accumulated-gradient norms of the window that just ended.
 
-        ``norms`` holds one global norm per layer. Returns ``True`` if this window was a
-        check (the flags in ``self.critical`` were re-evaluated), else ``False``.
+        ``norms`` holds one global norm per layer; it may be ``None`` for a window that
+        is not a check. Returns ``True`` if this window was a check (the flags in
+        ``self.critical`` were re-evaluated), else ``False``.
         """
-        norms = [float(n) for n in norms]
-        if len(norms) != self.num_layers:
-            raise ValueError(f"expected {self.num_layers} norms, got {len(norms)}")
         window = self.windows_seen
-        self.windows_seen += 1
         if window % self.interval != 0:
+            self.windows_seen += 1
             return False
+        if norms is None or len(norms) != self.num_layers:
+            raise ValueError(f"window {window} is a check: expected {self.num_layers} norms, got "
+                             f"{None if norms is None else len(norms)}")
+        norms = [float(n) for n in norms]
+        self.windows_seen += 1
         if not self.per_layer:
             norms = [math.sqrt(sum(n * n for n in norms))]
         previous = self.last_check_norms

@@ -28,11 +28,17 @@ class CommunicationLog:
         self.checks.append(record)
         self._write(record)
 
+    def record_decay(self, step, lr, levels):
+        """A learning-rate decay event: every layer went to ℓ_low."""
+        record = {"event": "lr_decay", "step": step, "lr": lr, "levels": dict(levels)}
+        self.checks.append(record)
+        self._write(record)
+
     def as_dict(self):
         return {
             "steps": len(self.bytes_per_step),
             "bytes_per_step": list(self.bytes_per_step),
-            "total_bytes_sent": sum(self.bytes_per_step),
+            "total_bytes_sent": sum(self.bytes_per_step) + sum(c.get("bytes_sent", 0) for c in self.checks),
             "steps_extra": list(self.steps_extra),
             "checks": list(self.checks),
         }

@@ -173,6 +173,17 @@ def test_bad_configuration_raises(kwargs, message):
 def test_wrong_number_of_norms_raises():
     with pytest.raises(ValueError, match="expected 2 norms"):
         RegimeDetector(num_layers=2).end_window([1.0])
+    with pytest.raises(ValueError, match="is a check"):
+        RegimeDetector(num_layers=2).end_window()
+
+
+def test_windows_between_checks_need_no_norms():
+    detector = RegimeDetector(num_layers=1, interval=3)
+    assert detector.next_window_is_check
+    detector.end_window([1.0])
+    assert not detector.next_window_is_check
+    assert detector.end_window() is False and detector.end_window() is False
+    assert detector.next_window_is_check
 
 
 def test_detector_imports_no_framework():

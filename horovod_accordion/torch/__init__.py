@@ -8,3 +8,4 @@ from horovod.torch import init, rank, size, local_rank, Average, Sum  # noqa: F4
 
 from horovod_accordion.torch.compression import Compression, FP16Compressor, NoneCompressor  # noqa: F401
 from horovod_accordion.torch.optimizer import DistributedOptimizer  # noqa: F401
+from horovod_accordion.batch import BatchSwitch  # noqa: F401

@@ -93,7 +93,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._lr_factor = 1.0
         log_path = accordion_options.pop("log_path")
         log = CommunicationLog()
-        self._accordion = Accordion(self._names, levels, log=log, **accordion_options)
+        self._accordion = Accordion(self._names, levels, log=log, describe=self._describe_levels,
+                                    **accordion_options)
         # Decisions are identical on every rank, so one file from rank 0 is the whole record.
         if log_path is not None and process_set.rank() == 0:
             log.path = log_path
@@ -111,10 +112,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        if self._accordion.observe_lr(self.param_groups[0]["lr"]):
-            self._reducer.set_levels(self._accordion.levels)
+        self._observe_lr()
         grads = [self._dense_grad(p) for p in self._params]
-        if self._accumulated is not None:
+        if self._accordion.window_is_check:
             for total, grad in zip(self._accumulated, grads):
                 total.add_(grad)
         micro_batches = self._micro_batches if self._batch_switch is not None else self.backward_passes_per_step
@@ -130,11 +130,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = grad.to_sparse()
             else:
                 p.grad.copy_(grad)
-        if self._accordion.step_done(micro_batches):
-            self._end_window()
+        window_complete = self._accordion.step_done(micro_batches)
         self._accordion.log.record_step(self._accordion.step, self._communicator.take_bytes_sent(),
                                         **self._batch_step_record(micro_batches))
+        if window_complete:
+            self._end_window()
         self._synchronized = True
+
+    def _observe_lr(self):
+        """Idempotent: called per micro-batch in batch mode, so a decay switches to the
+        small batch at once instead of after the current large batch."""
+        if self._accordion.observe_lr(self.param_groups[0]["lr"]):
+            self._reducer.set_levels(self._accordion.levels)
 
     def _dense_grad(self, p):
         if p.grad is None:
@@ -158,11 +165,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._end_window()
 
     def _end_window(self):
-        if self._accumulated is None:
+        if not self._accordion.window_is_check:
+            self._accordion.end_window()
             return
         local = torch.stack([t.double().pow(2).sum() for t in self._accumulated])
         (mean_squared,) = self._communicator.allreduce_mean([local], "accordion.norms")
-        if self._accordion.end_window(mean_squared.tolist(), **self._batch_check_record()):
+        if self._accordion.end_window(mean_squared.tolist(), bytes_sent=self._communicator.take_bytes_sent()):
             self._reducer.set_levels(self._accordion.levels)
         for total in self._accumulated:
             total.zero_()
@@ -172,12 +180,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """How many micro-batches (``step()`` calls) make one communication now."""
         return self._accordion.levels[0] if self._batch_switch is not None else 1
 
-    def _batch_check_record(self):
+    def _describe_levels(self, levels):
+        """Extra fields of each check record: in batch mode, the batch size in force."""
         if self._batch_switch is None:
             return {}
-        per_step = self.micro_batches_per_step
-        return {"micro_batches_per_step": per_step,
-                "global_batch": per_step * self._batch_switch.small_batch * self._communicator.size()}
+        return {"micro_batches_per_step": levels[0],
+                "global_batch": levels[0] * self._batch_switch.small_batch * self._communicator.size()}
 
     def _batch_step_record(self, micro_batches):
         if self._batch_switch is None:
@@ -204,6 +212,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        self._observe_lr()
         if self._batch_switch is not None:
             self._micro_batches += 1
             if self._micro_batches < self.micro_batches_per_step:

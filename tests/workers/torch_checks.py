@@ -7,7 +7,7 @@ import torch
 import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
-from horovod_accordion.torch import Compression
+from horovod_accordion.torch import BatchSwitch, Compression
 
 
 def setup():
@@ -306,3 +306,69 @@ def check_jsonl_log_on_rank_zero_only():
     assert records[-1]["levels"] == {name: 0.5 for name, _ in model.named_parameters()}
     assert records[0]["bytes_sent"] == optimizer.accordion_stats()["bytes_per_step"][0]
     return records[-1]
+
+
+def batch_switch_optimizer(model, lr, switch, **kwargs):
+    return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                    named_parameters=model.named_parameters(), batch_switch=switch, **kwargs)
+
+
+def check_batch_switch_accumulated_micro_batches_equal_one_large_step():
+    switch = BatchSwitch(small_batch=8, multiplier=4, warmup_steps=0)
+    accumulated, large = make_model(), make_model()
+    optimizer = batch_switch_optimizer(accumulated, 0.1, switch)
+    optimizer._accordion.detector.critical = [False] * len(optimizer._params)  # the large-batch regime
+    reference = hvd.DistributedOptimizer(torch.optim.SGD(large.parameters(), lr=0.1 * 4),  # linear scaling
+                                         named_parameters=large.named_parameters())
+    x, y = rank_batch(0, scale=1.0)
+    x, y = torch.cat([x, x]), torch.cat([y, y])  # 32 samples
+    for micro in range(4):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(accumulated(x[8 * micro:8 * micro + 8]),
+                                          y[8 * micro:8 * micro + 8]).backward()
+        optimizer.step()
+        assert optimizer.accordion_stats()["steps"] == (1 if micro == 3 else 0)
+    reference.zero_grad()
+    torch.nn.functional.cross_entropy(large(x), y).backward()
+    reference.step()
+    for (name, a), b in zip(accumulated.named_parameters(), large.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), f"{name}: {(a - b).abs().max()}"
+
+
+def check_batch_switch_traffic_lr_and_agreement_follow_the_controller():
+    switch = BatchSwitch(small_batch=8, multiplier=4, warmup_steps=2)
+    model = make_model()
+    optimizer = batch_switch_optimizer(model, 0.01, switch, interval=1)
+    x, y = rank_batch(0)
+    bytes_per_epoch, lr_used = [], []
+    for epoch in range(4):
+        if epoch == 3:
+            for group in optimizer.param_groups:
+                group["lr"] = 0.001  # a step decay: back to the small batch
+        sent_before = optimizer.accordion_stats()["total_bytes_sent"]
+        for micro in range(16):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+            before = model[0].weight.detach().clone()
+            optimizer.step()
+            if micro % optimizer.micro_batches_per_step == optimizer.micro_batches_per_step - 1:
+                grad = model[0].weight.grad
+                mask = grad.abs() > 1e-4
+                lr_used.append(round(((before - model[0].weight.detach())[mask] / grad[mask]).median().item(), 6))
+        bytes_per_epoch.append(optimizer.accordion_stats()["total_bytes_sent"] - sent_before)
+        optimizer.end_epoch()
+    stats = optimizer.accordion_stats()
+    micro_batches = [extra["micro_batches"] for extra in stats["steps_extra"]]
+    # epochs 0-1: small batch (the first checks), 2: large with LR warm-up, 3: small after the decay
+    assert micro_batches == [1] * 32 + [4] * 4 + [1] * 16, micro_batches
+    assert lr_used == [0.01] * 32 + [0.02, 0.03, 0.04, 0.04] + [0.001] * 16, lr_used
+    small, large = bytes_per_epoch[1], bytes_per_epoch[2]
+    assert large * 4 == small, bytes_per_epoch
+    decays = [c for c in stats["checks"] if c["event"] == "lr_decay"]
+    assert len(decays) == 1 and decays[0]["step"] == 36, decays
+    checks = [c for c in stats["checks"] if c["event"] == "check"]
+    assert [c["micro_batches_per_step"] for c in checks] == [1, 4, 4, 4], checks
+    assert [c["global_batch"] for c in checks] == [16, 64, 64, 64], checks
+    everyone = horovod.allgather_object({"micro": micro_batches, "checks": checks})
+    assert everyone[0] == everyone[1], "ranks disagree on the batch size"
+    return {"bytes_per_epoch": bytes_per_epoch, "global_batch": [c["global_batch"] for c in checks]}
