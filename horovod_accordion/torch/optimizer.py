@@ -24,41 +24,20 @@ from horovod_accordion.accordion import Accordion
 from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.torch.collectives import Communicator
+from horovod_accordion.reducers import DenseReducer, PowerSGDReducer, TopKReducer
 from horovod_accordion.torch.compression import Compression
-from horovod_accordion.torch.powersgd import PowerSGDReducer
-from horovod_accordion.torch.topk import TopKReducer
+from horovod_accordion.torch.ops import TorchOps
 
 __all__ = ["DistributedOptimizer"]
 
 
-class DenseReducer:
-    """A plain Horovod compressor (none, fp16): one fused allreduce, no levels."""
-
-    def __init__(self, compression, communicator):
-        self.compression = compression
-        self.communicator = communicator
-
-    def set_levels(self, levels):
-        pass
-
-    def reduce(self, grads):
-        return self.communicator.allreduce_mean(grads, "accordion.dense", self.compression)
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
-def _make_reducer(compression, shapes, communicator):
+def _make_reducer(compression, shapes, ops):
     if isinstance(compression, PowerSGD):
-        return PowerSGDReducer(shapes, compression, communicator), compression.levels
+        return PowerSGDReducer(shapes, compression, ops), compression.levels
     if isinstance(compression, TopK):
-        return TopKReducer(shapes, compression, communicator), compression.levels
+        return TopKReducer(shapes, compression, ops), compression.levels
     if isinstance(compression, type) and issubclass(compression, Compressor):
-        return DenseReducer(compression, communicator), (None, None)
+        return DenseReducer(shapes, compression, ops), (None, None)
     raise ValueError(
         f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
         f"Compression.topk(...), got {compression!r}")
@@ -77,8 +56,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._groups = groups  # every phase is already one fused collective; kept for the API
-        self._communicator = Communicator(process_set, gradient_predivide_factor)
-        self._reducer, levels = _make_reducer(compression, [p.shape for p in self._params], self._communicator)
+        self._ops = TorchOps(process_set, gradient_predivide_factor)
+        self._reducer, levels = _make_reducer(compression, [p.shape for p in self._params], self._ops)
         self._batch_switch = batch_switch
         if batch_switch is not None:
             if not isinstance(batch_switch, BatchSwitch):
@@ -122,7 +101,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = [g / micro_batches for g in grads]  # the mean over the large batch
         averaged = self._reducer.reduce(grads)
         if self.op == hvd.Sum:
-            averaged = [g * self._communicator.size() for g in averaged]
+            averaged = [g * self._ops.size() for g in averaged]
         for p, grad in zip(self._params, averaged):
             if p.grad is None:
                 p.grad = grad
@@ -131,7 +110,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.copy_(grad)
         window_complete = self._accordion.step_done(micro_batches)
-        self._accordion.log.record_step(self._accordion.step, self._communicator.take_bytes_sent(),
+        self._accordion.log.record_step(self._accordion.step, self._ops.take_bytes_sent(),
                                         **self._batch_step_record(micro_batches))
         if window_complete:
             self._end_window()
@@ -169,8 +148,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._accordion.end_window()
             return
         local = torch.stack([t.double().pow(2).sum() for t in self._accumulated])
-        (mean_squared,) = self._communicator.allreduce_mean([local], "accordion.norms")
-        if self._accordion.end_window(mean_squared.tolist(), bytes_sent=self._communicator.take_bytes_sent()):
+        mean_squared = self._ops.allreduce_flat_mean(local, "accordion.norms")
+        if self._accordion.end_window(mean_squared.tolist(), bytes_sent=self._ops.take_bytes_sent()):
             self._reducer.set_levels(self._accordion.levels)
         for total in self._accumulated:
             total.zero_()
@@ -185,7 +164,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._batch_switch is None:
             return {}
         return {"micro_batches_per_step": levels[0],
-                "global_batch": levels[0] * self._batch_switch.small_batch * self._communicator.size()}
+                "global_batch": levels[0] * self._batch_switch.small_batch * self._ops.size()}
 
     def _batch_step_record(self, micro_batches):
         if self._batch_switch is None:
@@ -249,7 +228,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state = super(self.__class__, self).state_dict()
         state["accordion"] = {
             "schedule": self._accordion.state_dict(),
-            "reducer": self._reducer.state_dict(),
+            "reducer": self._ops.export_state(self._reducer.state()),
             "accumulated": None if self._accumulated is None else [t.clone() for t in self._accumulated],
         }
         return state
@@ -260,7 +239,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).load_state_dict(state_dict)
         if accordion_state is not None:
             self._accordion.load_state_dict(accordion_state["schedule"])
-            self._reducer.load_state_dict(accordion_state["reducer"])
+            self._ops.import_state(self._reducer.state(), accordion_state["reducer"])
             if self._accumulated is not None:
                 for total, saved in zip(self._accumulated, accordion_state["accumulated"]):
                     total.copy_(saved)

@@ -1,0 +1,145 @@
+"""The torch backend of ``horovod_accordion.reducers``: tensor ops, state, collectives.
+
+This module and ``optimizer.py`` are the only torch code; the compression maths are in
+the framework-agnostic reducers. Compressed layers are computed and sent in fp32;
+bf16 tensors travel as fp32 because Horovod 0.28.1 rejects bf16 allreduce.
+"""
+
+import torch
+import horovod.torch as hvd
+
+from horovod_accordion.compression import kept_count
+from horovod_accordion.torch.compression import NoneCompressor
+
+__all__ = ["TorchOps", "Level"]
+
+_WIRE_DTYPES = {torch.bfloat16: torch.float32}
+
+
+class Level:
+    """A layer's current level (rank or kept fraction), shared by reference."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class TorchOps:
+    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0):
+        self.process_set = process_set
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.bytes_sent = 0
+
+    # State that survives a step.
+    def state(self, array, name):
+        return torch.from_numpy(array).to(torch.float32)
+
+    def read(self, state):
+        return state
+
+    def assign(self, state, value):
+        state.copy_(value)
+
+    def level(self, value, name):
+        return Level(value)
+
+    def set_level(self, level, value):
+        level.value = value
+
+    def leading_columns(self, q, rank):
+        return q[:, :rank.value]
+
+    def assign_leading_columns(self, q, value):
+        q[:, :value.shape[1]].copy_(value)
+
+    # Tensor maths.
+    def as_matrix(self, grad, shape):
+        return grad.reshape(shape).to(torch.float32)
+
+    def like(self, value, grad):
+        return value.reshape(grad.shape).to(grad.dtype)
+
+    def matmul(self, a, b):
+        return a @ b
+
+    def transpose(self, a):
+        return a.T
+
+    def orthogonalize(self, p):
+        """Householder QR: stable, and a zero P gives out = 0 rather than NaN."""
+        return torch.linalg.qr(p).Q
+
+    def kept_count(self, fraction, m):
+        return kept_count(fraction.value, m.numel())
+
+    def top_abs_indices(self, m, k):
+        return torch.topk(m.abs(), k, sorted=False).indices.to(torch.int32)
+
+    def gather(self, m, indices):
+        return m[indices.long()]
+
+    def zero_at(self, state, indices):
+        state[indices.long()] = 0
+
+    def float_bits(self, values):
+        return values.view(torch.int32)
+
+    def bits_float(self, bits):
+        return bits.reshape(-1).view(torch.float32)
+
+    def concat(self, tensors):
+        return torch.cat(tensors)
+
+    def columns(self, matrix, start, stop):
+        return matrix[:, start:stop]
+
+    def scatter_mean(self, like, indices, values):
+        total = torch.zeros_like(like).index_add_(0, indices.reshape(-1).long(), values)
+        return total / indices.shape[0]
+
+    # Collectives: one fused call per phase; each counts the bytes this rank contributes.
+    def size(self):
+        return self.process_set.size()
+
+    def wire_dtype(self, tensor):
+        return str(_WIRE_DTYPES.get(tensor.dtype, tensor.dtype)).replace("torch.", "")
+
+    def flat_concat(self, tensors, wire_dtype):
+        return torch.cat([t.reshape(-1).to(getattr(torch, wire_dtype)) for t in tensors])
+
+    def split_like(self, flat, tensors):
+        chunks = flat.split([t.numel() for t in tensors])
+        return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
+
+    def allreduce_flat_mean(self, flat, name, compression=None):
+        compression = compression or NoneCompressor
+        wire, ctx = compression.compress(flat)
+        self.bytes_sent += wire.numel() * wire.element_size()
+        # Pre/post-scaling splits the average, as Horovod's optimizer does, so that fp16
+        # sums of many workers do not overflow (horovod#1699).
+        reduced = hvd.allreduce(wire, name=name, op=hvd.Average,
+                                prescale_factor=1.0 / self.gradient_predivide_factor,
+                                postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
+        return compression.decompress(reduced, ctx)
+
+    def allgather(self, flat, name):
+        """Every rank's 1-D ``flat``, as shape (size, len)."""
+        self.bytes_sent += flat.numel() * flat.element_size()
+        return hvd.allgather(flat, name=name, process_set=self.process_set).view(self.size(), -1)
+
+    def take_bytes_sent(self):
+        sent, self.bytes_sent = self.bytes_sent, 0
+        return sent
+
+    # Checkpoints.
+    def export_state(self, groups):
+        return {group: {i: (v.value if isinstance(v, Level) else v.clone()) for i, v in entries.items()}
+                for group, entries in groups.items()}
+
+    def import_state(self, groups, saved):
+        for group, entries in groups.items():
+            for i, holder in entries.items():
+                value = saved[group][i]
+                if isinstance(holder, Level):
+                    holder.value = value
+                else:
+                    holder.copy_(value)
