@@ -10,7 +10,7 @@ configuration raises before any collective is started.
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerSGD", "TopK", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count"]
+__all__ = ["PowerSGD", "TopK", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,18 @@ class TopK:
     @property
     def levels(self):
         return self.low_fraction, self.high_fraction
+
+
+def cast_compressor(dtype_name, compressors):
+    """The Horovod compressor of ``compressors`` ({dtype name: compressor}) that sends ``dtype_name``."""
+    if dtype_name == "bfloat16":
+        raise ValueError(
+            "bf16 gradient compression is not available: Horovod 0.28.1 rejects bf16 allreduce. "
+            "Use Compression.fp16 (with gradient_predivide_factor if fp16 sums overflow); bf16 "
+            "parameters are supported and their gradients travel as fp32.")
+    if dtype_name not in compressors:
+        raise ValueError(f"unknown compression dtype {dtype_name!r}; choose one of {sorted(compressors)}")
+    return compressors[dtype_name]
 
 
 def is_matrix(shape):

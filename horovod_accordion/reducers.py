@@ -11,7 +11,24 @@ import numpy as np
 
 from horovod_accordion.compression import clamped_rank, is_matrix, matrix_shape, powersgd_compresses
 
-__all__ = ["DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query"]
+from horovod_accordion.compression import PowerSGD, TopK
+
+__all__ = ["DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
+           "make_reducer"]
+
+
+def make_reducer(compression, shapes, ops, plain_compressor):
+    """The reducer for ``compression`` and its (ℓ_low, ℓ_high); ``plain_compressor`` is the
+    framework's Horovod ``Compressor`` base class (none, fp16)."""
+    if isinstance(compression, PowerSGD):
+        return PowerSGDReducer(shapes, compression, ops), compression.levels
+    if isinstance(compression, TopK):
+        return TopKReducer(shapes, compression, ops), compression.levels
+    if isinstance(compression, type) and issubclass(compression, plain_compressor):
+        return DenseReducer(shapes, compression, ops), (None, None)
+    raise ValueError(
+        f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
+        f"Compression.topk(...), got {compression!r}")
 
 
 def initial_query(seed, layer, rows, columns):
@@ -145,7 +162,7 @@ class TopKReducer:
         self.uncompressed = [i for i in range(len(self.shapes)) if i not in set(self.compressed)]
         self.residual = {i: ops.state(np.zeros(int(np.prod(self.shapes[i]))), f"topk_residual_{i}")
                          for i in self.compressed}
-        self.fractions = {i: ops.level(config.low_fraction, f"topk_fraction_{i}") for i in self.compressed}
+        self.fractions = {i: ops.level(float(config.low_fraction), f"topk_fraction_{i}") for i in self.compressed}
 
     def set_levels(self, levels):
         for i in self.compressed:

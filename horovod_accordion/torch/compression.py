@@ -8,7 +8,7 @@ and ``Compression.topk`` describe switchable compressors for Accordion.
 import torch
 from horovod.torch.compression import Compressor
 
-from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.compression import PowerSGD, TopK, cast_compressor
 
 __all__ = ["Compression", "NoneCompressor", "FP16Compressor"]
 
@@ -39,9 +39,6 @@ class FP16Compressor(Compressor):
         return tensor.to(ctx) if ctx.is_floating_point else tensor
 
 
-_CASTS = {torch.float16: FP16Compressor, torch.float32: NoneCompressor}
-
-
 class Compression:
     """Optional gradient compression algorithm used during allreduce."""
 
@@ -53,11 +50,5 @@ class Compression:
     @staticmethod
     def cast(dtype):
         """The compressor that sends gradients as ``dtype`` (torch.float16 or torch.float32)."""
-        if dtype == torch.bfloat16:
-            raise ValueError(
-                "bf16 gradient compression is not available: Horovod 0.28.1 rejects bf16 allreduce. "
-                "Use Compression.fp16 (with gradient_predivide_factor if fp16 sums overflow); bf16 "
-                "parameters are supported and their gradients travel as fp32.")
-        if dtype not in _CASTS:
-            raise ValueError(f"unknown compression dtype {dtype!r}; choose torch.float16 or torch.float32")
-        return _CASTS[dtype]
+        return cast_compressor(str(dtype).replace("torch.", ""),
+                               {"float16": FP16Compressor, "float32": NoneCompressor})

@@ -21,26 +21,14 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
+from horovod_accordion.arguments import check_optimizer_arguments, check_same_on_all_ranks, exchange_signature
 from horovod_accordion.batch import BatchSwitch
-from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import DenseReducer, PowerSGDReducer, TopKReducer
+from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
 
 __all__ = ["DistributedOptimizer"]
-
-
-def _make_reducer(compression, shapes, ops):
-    if isinstance(compression, PowerSGD):
-        return PowerSGDReducer(shapes, compression, ops), compression.levels
-    if isinstance(compression, TopK):
-        return TopKReducer(shapes, compression, ops), compression.levels
-    if isinstance(compression, type) and issubclass(compression, Compressor):
-        return DenseReducer(shapes, compression, ops), (None, None)
-    raise ValueError(
-        f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
-        f"Compression.topk(...), got {compression!r}")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -57,7 +45,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self._groups = groups  # every phase is already one fused collective; kept for the API
         self._ops = TorchOps(process_set, gradient_predivide_factor)
-        self._reducer, levels = _make_reducer(compression, [p.shape for p in self._params], self._ops)
+        self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
         self._batch_switch = batch_switch
         if batch_switch is not None:
             if not isinstance(batch_switch, BatchSwitch):
@@ -272,39 +260,17 @@ def _parameter_names(param_groups, named_parameters):
 
 
 def _check_same_parameters_on_all_ranks(names, params, compression, process_set):
-    """The fused buffers are laid out in parameter order, so every rank must list the
-    same parameters in the same order; otherwise every rank fails here, the odd one
-    with the first difference, rather than exchange misaligned buffers or hang."""
-    local = {"parameters": [(name, tuple(p.shape), str(p.dtype)) for name, p in zip(names, params)],
-             "compression": repr(compression)}
+    """Every rank must list the same parameters in the same order; otherwise every rank
+    fails here, the odd one with the first difference, rather than hang or exchange
+    misaligned buffers."""
     root = process_set.ranks[0] if process_set.ranks else 0
-    reference = hvd.broadcast_object(local, root_rank=root, process_set=process_set,
-                                     name="accordion.signature")
-    problem = _first_difference(reference, local, process_set.rank())
-    mismatched = hvd.allreduce(torch.tensor([int(problem is not None)]), op=hvd.Sum,
-                               name="accordion.signature.check", process_set=process_set).item()
-    if problem is not None:
-        raise ValueError(problem)
-    if mismatched:
-        raise ValueError(f"{mismatched} other rank(s) registers its parameters differently from rank 0 or "
-                         f"uses another compression; their error says where")
-
-
-def _first_difference(reference, local, rank):
-    if local["compression"] != reference["compression"]:
-        return (f"rank {rank} uses compression {local['compression']}, rank 0 uses "
-                f"{reference['compression']}; all ranks must use the same")
-    ours, theirs = local["parameters"], reference["parameters"]
-    if ours == theirs:
-        return None
-    position = next((k for k, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(ours), len(theirs)))
-    return (f"rank {rank} registers its parameters differently from rank 0: at position {position}, "
-            f"rank 0 has {_describe(theirs, position)} and rank {rank} has {_describe(ours, position)}. "
-            f"Build the model and the optimizer the same way on every rank (same parameter order).")
-
-
-def _describe(signature, position):
-    return repr(signature[position]) if position < len(signature) else "nothing"
+    check_same_on_all_ranks(
+        exchange_signature(names, [p.shape for p in params], [str(p.dtype) for p in params], compression),
+        process_set.rank(),
+        lambda local: hvd.broadcast_object(local, root_rank=root, process_set=process_set,
+                                           name="accordion.signature"),
+        lambda flag: int(hvd.allreduce(torch.tensor([flag]), op=hvd.Sum, name="accordion.signature.check",
+                                       process_set=process_set).item()))
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -336,16 +302,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
             micro-batch; the optimizer averages the micro-batches and scales the LR.
     """
-    if op == hvd.Adasum:
-        raise ValueError("op=hvd.Adasum is not supported by horovod_accordion; use hvd.Average or hvd.Sum")
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
-    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    check_optimizer_arguments({hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}.get(op, op),
+                              gradient_predivide_factor, backward_passes_per_step)
     if num_groups != 0:
         warnings.warn("num_groups is deprecated in Horovod; use groups", DeprecationWarning)
         groups = num_groups

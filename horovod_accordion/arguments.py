@@ -1,0 +1,56 @@
+"""Checks shared by every adapter: Horovod's optimizer arguments, and the cross-rank
+consistency of what will be exchanged. Pure Python; the adapters run the collectives."""
+
+__all__ = ["check_optimizer_arguments", "check_same_on_all_ranks", "exchange_signature"]
+
+
+def check_optimizer_arguments(op_name, gradient_predivide_factor, backward_passes_per_step):
+    """``op_name``: "average", "sum" or "adasum"."""
+    if op_name == "adasum":
+        raise ValueError("op=Adasum is not supported by horovod_accordion; use Average or Sum")
+    if op_name not in ("average", "sum"):
+        raise ValueError(f"op must be Average or Sum, got {op_name!r}")
+    if gradient_predivide_factor != 1.0 and op_name != "average":
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
+    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+
+
+def exchange_signature(names, shapes, dtypes, compression):
+    """What every rank must agree on: the fused buffers are laid out in this order."""
+    return {"parameters": [(name, tuple(int(d) for d in shape), str(dtype))
+                           for name, shape, dtype in zip(names, shapes, dtypes)],
+            "compression": repr(compression)}
+
+
+def check_same_on_all_ranks(local, rank, broadcast_from_root, sum_over_ranks):
+    """Raise on every rank if any rank's ``local`` signature differs from rank 0's: the odd
+    rank says where, the others say that one did. Raising on one rank only would leave
+    the others waiting in the first collective of the next step."""
+    problem = first_difference(broadcast_from_root(local), local, rank)
+    mismatched = sum_over_ranks(int(problem is not None))
+    if problem is not None:
+        raise ValueError(problem)
+    if mismatched:
+        raise ValueError(f"{mismatched} other rank(s) registers its parameters differently from rank 0 or uses "
+                         f"another compression; their error says where")
+
+
+def first_difference(reference, local, rank):
+    """``None`` if ``local`` matches rank 0's ``reference``, else a message saying where it differs."""
+    if local["compression"] != reference["compression"]:
+        return (f"rank {rank} uses compression {local['compression']}, rank 0 uses "
+                f"{reference['compression']}; all ranks must use the same")
+    ours, theirs = local["parameters"], reference["parameters"]
+    if ours == theirs:
+        return None
+    position = next((k for k, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(ours), len(theirs)))
+    return (f"rank {rank} registers its parameters differently from rank 0: at position {position}, "
+            f"rank 0 has {_describe(theirs, position)} and rank {rank} has {_describe(ours, position)}. "
+            f"Build the model and the optimizer the same way on every rank (same parameter order).")
+
+
+def _describe(signature, position):
+    return repr(signature[position]) if position < len(signature) else "nothing"

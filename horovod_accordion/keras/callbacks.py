@@ -1,0 +1,70 @@
+"""Horovod's Keras callbacks, plus ``AccordionCallback``, which runs Accordion's
+bookkeeping around ``model.fit``."""
+
+import tensorflow as tf
+import tf_keras
+import horovod.tensorflow.keras.callbacks as _horovod_callbacks
+from horovod.tensorflow.keras.callbacks import *  # noqa: F401,F403 - hvd.callbacks.* as in Horovod
+
+
+def _with_keras2_backend(horovod_callback):
+    """Horovod 0.28.1 hands its callbacks ``from keras import backend``, which is Keras 3's
+    under TF >= 2.16 and has no ``get_value``/``set_value``; the learning-rate callbacks
+    then fail on the first batch. Rebind tf_keras's backend."""
+    class Keras2Callback(horovod_callback):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.backend = tf_keras.backend
+
+    Keras2Callback.__name__ = Keras2Callback.__qualname__ = horovod_callback.__name__
+    Keras2Callback.__doc__ = horovod_callback.__doc__
+    return Keras2Callback
+
+
+BroadcastGlobalVariablesCallback = _with_keras2_backend(_horovod_callbacks.BroadcastGlobalVariablesCallback)
+MetricAverageCallback = _with_keras2_backend(_horovod_callbacks.MetricAverageCallback)
+LearningRateScheduleCallback = _with_keras2_backend(_horovod_callbacks.LearningRateScheduleCallback)
+LearningRateWarmupCallback = _with_keras2_backend(_horovod_callbacks.LearningRateWarmupCallback)
+
+__all__ = ["AccordionCallback"]
+
+
+class AccordionCallback(tf_keras.callbacks.Callback):
+    """Feeds the learning rate to the detector before each batch, records each step's
+    traffic after it, and closes the detection window at each epoch end.
+
+    Put it after any callback that sets the learning rate (``LearningRateScheduler``,
+    Horovod's ``LearningRateWarmupCallback``); it works beside
+    ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``.
+    """
+
+    def __init__(self, optimizer=None):
+        super().__init__()
+        self._optimizer = optimizer
+
+    @property
+    def state(self):
+        optimizer = self._optimizer or self.model.optimizer
+        return getattr(optimizer, "accordion_state", None)
+
+    def current_lr(self):
+        optimizer = self._optimizer or self.model.optimizer
+        lr = optimizer.learning_rate
+        if isinstance(lr, tf_keras.optimizers.schedules.LearningRateSchedule):
+            lr = lr(optimizer.iterations)
+        return float(tf.convert_to_tensor(lr).numpy())
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.state is not None:  # created by the first apply_gradients
+            self.state.observe_lr(self.current_lr())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.state is not None:
+            self.state.step_end()
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = self.state
+        if state is None:
+            return
+        if state.window_steps is None:
+            state.end_epoch()

@@ -1,0 +1,11 @@
+"""Accordion for TensorFlow 2: ``import horovod_accordion.tensorflow as hvd`` in place of
+``horovod.tensorflow``. Everything of ``horovod.tensorflow`` is re-exported;
+``DistributedGradientTape``, ``DistributedOptimizer`` and ``Compression`` are Accordion's.
+"""
+from horovod.tensorflow import *  # noqa: F401,F403 - the one-import-line drop-in
+from horovod.tensorflow import init, rank, size, local_rank, Average, Sum  # noqa: F401
+
+from horovod_accordion.tensorflow.compression import Compression  # noqa: F401
+from horovod_accordion.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from horovod_accordion.tensorflow.state import AccordionState  # noqa: F401
+from horovod_accordion.tensorflow.tape import DistributedGradientTape  # noqa: F401

@@ -1,0 +1,126 @@
+"""The TensorFlow backend of ``horovod_accordion.reducers``: tensor ops, state, collectives.
+
+Everything here is graph-safe: state and levels are ``tf.Variable``s, so the reducers
+run inside ``tf.function`` and a level switch (a variable assignment) reuses the traced
+graph. Compressed layers are computed and sent in fp32, as in the torch backend.
+"""
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+__all__ = ["TensorFlowOps"]
+
+_WIRE_DTYPES = {tf.bfloat16: tf.float32}
+
+
+class TensorFlowOps:
+    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0):
+        self.process_set = process_set
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="accordion_bytes_sent")
+
+    # State that survives a step.
+    def state(self, array, name):
+        return tf.Variable(array.astype(np.float32), trainable=False, name=name)
+
+    def read(self, state):
+        return tf.convert_to_tensor(state)
+
+    def assign(self, state, value):
+        state.assign(value)
+
+    def level(self, value, name):
+        # TopK fractions are float64 so that k = floor(fraction·numel) equals Python's int().
+        dtype = tf.float64 if isinstance(value, float) else tf.int32
+        return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+    def set_level(self, level, value):
+        level.assign(value)
+
+    def leading_columns(self, q, rank):
+        return q[:, :rank]
+
+    def assign_leading_columns(self, q, value):
+        q.assign(tf.concat([value, q[:, tf.shape(value)[1]:]], axis=1))
+
+    # Tensor maths.
+    def as_matrix(self, grad, shape):
+        return tf.reshape(tf.cast(tf.convert_to_tensor(grad), tf.float32), shape)
+
+    def like(self, value, grad):
+        return tf.cast(tf.reshape(value, tf.shape(grad)), grad.dtype)
+
+    def matmul(self, a, b):
+        return tf.matmul(a, b)
+
+    def transpose(self, a):
+        return tf.transpose(a)
+
+    def orthogonalize(self, p):
+        return tf.linalg.qr(p)[0]
+
+    def kept_count(self, fraction, m):
+        numel = tf.cast(tf.size(m), tf.float64)
+        return tf.maximum(1, tf.cast(tf.floor(fraction * numel), tf.int32))
+
+    def top_abs_indices(self, m, k):
+        return tf.math.top_k(tf.abs(m), k, sorted=False).indices
+
+    def gather(self, m, indices):
+        return tf.gather(m, indices)
+
+    def zero_at(self, state, indices):
+        state.scatter_nd_update(indices[:, None], tf.zeros(tf.shape(indices), tf.float32))
+
+    def float_bits(self, values):
+        return tf.bitcast(values, tf.int32)
+
+    def bits_float(self, bits):
+        return tf.bitcast(tf.reshape(bits, [-1]), tf.float32)
+
+    def concat(self, tensors):
+        return tf.concat(tensors, axis=0)
+
+    def columns(self, matrix, start, stop):
+        return matrix[:, start:stop]
+
+    def scatter_mean(self, like, indices, values):
+        total = tf.tensor_scatter_nd_add(tf.zeros_like(like), tf.reshape(indices, [-1, 1]), values)
+        return total / tf.cast(tf.shape(indices)[0], like.dtype)
+
+    # Collectives: one fused call per phase; each counts the bytes this rank contributes.
+    def size(self):
+        return self.process_set.size()
+
+    def wire_dtype(self, tensor):
+        return _WIRE_DTYPES.get(tensor.dtype, tensor.dtype).name
+
+    def flat_concat(self, tensors, wire_dtype):
+        return tf.concat([tf.reshape(tf.cast(t, wire_dtype), [-1]) for t in tensors], axis=0)
+
+    def split_like(self, flat, tensors):
+        chunks = tf.split(flat, [tf.size(t) for t in tensors])
+        return [tf.cast(tf.reshape(chunk, tf.shape(t)), t.dtype) for chunk, t in zip(chunks, tensors)]
+
+    def allreduce_flat_mean(self, flat, name, compression=None):
+        compression = compression or hvd.Compression.none
+        wire, ctx = compression.compress(flat)
+        self._count(wire)
+        reduced = hvd.allreduce(wire, name=name, op=hvd.Average,
+                                prescale_factor=1.0 / self.gradient_predivide_factor,
+                                postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
+        return compression.decompress(reduced, ctx)
+
+    def allgather(self, flat, name):
+        """Every rank's 1-D ``flat``, as shape (size, len)."""
+        self._count(flat)
+        return tf.reshape(hvd.allgather(flat, name=name, process_set=self.process_set), [self.size(), -1])
+
+    def _count(self, tensor):
+        self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)
+
+    def take_bytes_sent(self):
+        sent = int(self.bytes_sent.numpy())
+        self.bytes_sent.assign(0)
+        return sent

@@ -1,0 +1,78 @@
+"""``DistributedOptimizer`` for tf_keras optimizers: ``fit`` and custom loops alike.
+
+With a plain compressor it is ``horovod.tensorflow.keras.DistributedOptimizer``. With
+PowerSGD or TopK it subclasses the user's optimizer class (as Horovod does) and
+averages the gradients in ``apply_gradients`` through an ``AccordionState``, created
+on the first call, eagerly, once the variables are known.
+"""
+
+import tensorflow as tf
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
+
+from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.tensorflow.state import AccordionState
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _AccordionOptimizer:
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads, variables = zip(*list(grads_and_vars))
+        if self._accordion_state is None:
+            with tf.init_scope():
+                self._accordion_state = AccordionState(variables, **self._accordion_options)
+        grads = self._accordion_state.reduce(list(grads))
+        return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+
+    @property
+    def accordion_state(self):
+        """The ``AccordionState``, or ``None`` before the first step."""
+        return self._accordion_state
+
+
+def _require_keras2(optimizer):
+    import tf_keras
+    bases = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+    if not isinstance(optimizer, bases):
+        raise ValueError(
+            f"{type(optimizer).__module__}.{type(optimizer).__name__} is not a tf_keras (Keras 2) optimizer. "
+            f"Horovod's Keras integration, and Accordion's, need Keras 2: Keras 3 breaks it (horovod#4290). "
+            f"Set TF_USE_LEGACY_KERAS=1 before importing TensorFlow, pip install tf-keras, and build the "
+            f"model and optimizer with tf.keras (or tf_keras).")
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                         compression=hvd.Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=hvd.Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=hvd.global_process_set, scale_local_gradients=True, *,
+                         eta=0.5, interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0,
+                         log_path=None):
+    """Wrap a tf_keras ``optimizer`` so that ``apply_gradients`` averages over ranks.
+
+    The arguments up to ``scale_local_gradients`` are Horovod's, with its defaults.
+    Accordion's (``eta`` … ``log_path``) are those of ``AccordionState``; add
+    ``horovod_accordion.keras.AccordionCallback`` to ``fit`` so that epochs close the
+    detection windows and learning-rate decays reach the detector.
+    """
+    _require_keras2(optimizer)
+    if not isinstance(compression, (PowerSGD, TopK)):
+        return hvd_keras.DistributedOptimizer(
+            optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
+            process_set=process_set, scale_local_gradients=scale_local_gradients)
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step > 1 is not supported with Accordion's TensorFlow compressors")
+    options = dict(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                   sparse_as_dense=sparse_as_dense, process_set=process_set, eta=eta, interval=interval,
+                   window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor,
+                   log_path=log_path)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_AccordionOptimizer.__dict__))
+    wrapped = cls.from_config(optimizer.get_config())
+    wrapped._accordion_options = options
+    wrapped._accordion_state = None
+    return wrapped

@@ -1,0 +1,177 @@
+"""``AccordionState``: every piece of Accordion's TensorFlow state, in one checkpointable object.
+
+Create it once, outside ``tf.function``; call ``reduce(grads)`` inside the traced step
+(``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` do), and the eager
+bookkeeping (``step_end``, ``end_epoch``, ``observe_lr``) between steps. Levels, error
+feedback and Q are ``tf.Variable``s, so a level switch is an assignment and never a
+retrace. The detector's Python state is mirrored into a string variable, so one
+``tf.train.Checkpoint`` saves and restores all of it.
+"""
+
+import json
+
+import tensorflow as tf
+import horovod.tensorflow as hvd
+from horovod.tensorflow.compression import Compressor
+
+from horovod_accordion.accordion import Accordion
+from horovod_accordion.arguments import check_optimizer_arguments, check_same_on_all_ranks, exchange_signature
+from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.reducers import make_reducer
+from horovod_accordion.tensorflow.ops import TensorFlowOps
+
+__all__ = ["AccordionState"]
+
+_OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}
+
+
+class AccordionState(tf.Module):
+    """Accordion for a list of TensorFlow variables.
+
+    Args:
+        variables: the trainable variables whose gradients are exchanged, in the same
+            order on every rank.
+        compression: ``Compression.powersgd(low_rank, high_rank)``, ``Compression.topk(...)``,
+            or a plain ``Compression.none`` / ``Compression.fp16``.
+        op, gradient_predivide_factor, sparse_as_dense, process_set: as in Horovod.
+        eta, interval, window_steps, per_layer, lr_decay_factor, log_path: as in
+            ``horovod_accordion.torch.DistributedOptimizer``. Windows are epochs closed by
+            ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
+    """
+
+    def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,
+                 sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
+                 window_steps=None, per_layer=True, lr_decay_factor=2.0, log_path=None, name=None):
+        super().__init__(name=name)
+        check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, 1)
+        variables = list(variables)
+        names = [v.name for v in variables]
+        shapes = [tuple(v.shape) for v in variables]
+        self._op = op
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self._shapes = shapes
+        self._ops = TensorFlowOps(process_set, gradient_predivide_factor)
+        self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
+        self._log = CommunicationLog()
+        self._schedule = Accordion(names, levels, log=self._log, eta=eta, interval=interval,
+                                   window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor)
+        _check_same_variables_on_all_ranks(names, variables, compression, process_set)
+        if log_path is not None and process_set.rank() == 0:
+            self._log.path = log_path
+        # Tracked by tf.train.Checkpoint through tf.Module's attribute tracking.
+        self.reducer_variables = {f"{group}_{i}": holder for group, entries in self._reducer.state().items()
+                                  for i, holder in entries.items()}
+        self.accumulated = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"accumulated_{k}")
+                            for k, shape in enumerate(shapes)] if self._schedule.adaptive else []
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        self.schedule_json = tf.Variable(self._dump(), dtype=tf.string, trainable=False, name="schedule")
+
+    @property
+    def window_steps(self):
+        return self._schedule.window_steps
+
+    @property
+    def levels(self):
+        """Each variable's current level, by name."""
+        with self._python_state():
+            return dict(zip(self._schedule.layer_names, self._schedule.levels))
+
+    def reduce(self, grads):
+        """Average ``grads`` over ranks at each layer's level. Graph-safe."""
+        grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
+        for total, grad in zip(self.accumulated, grads):
+            total.assign_add(tf.cast(grad, tf.float32))
+        self.steps.assign_add(1)
+        averaged = self._reducer.reduce(grads)
+        if self._op == hvd.Sum:
+            averaged = [g * self._ops.size() for g in averaged]
+        return averaged
+
+    def _dense(self, grad, shape):
+        if grad is None:
+            # Another rank may have a gradient for it; every rank must fill the same buffers.
+            return tf.zeros(shape, tf.float32)
+        if isinstance(grad, tf.IndexedSlices):
+            if not self._sparse_as_dense:
+                raise ValueError("a gradient is sparse (tf.IndexedSlices); Accordion compresses dense "
+                                 "tensors only: pass sparse_as_dense=True")
+            return tf.convert_to_tensor(grad)
+        return grad
+
+    # Eager bookkeeping between steps.
+    def observe_lr(self, lr):
+        """Report the learning rate in force; a decay event puts every layer at ℓ_low."""
+        with self._python_state():
+            if self._schedule.observe_lr(float(lr)):
+                self._reducer.set_levels(self._schedule.levels)
+
+    def step_end(self):
+        """Record the traffic of the steps run since the last call; close step windows."""
+        with self._python_state():
+            pending = int(self.steps.numpy()) - self._schedule.step
+            bytes_sent = self._ops.take_bytes_sent()
+            for k in range(pending):
+                window_complete = self._schedule.step_done(1)
+                self._log.record_step(self._schedule.step, bytes_sent if k == pending - 1 else 0)
+                if window_complete:
+                    self._end_window()
+
+    def end_epoch(self):
+        """Close an epoch-long detection window; call it once per epoch, on every rank."""
+        if self._schedule.window_steps is not None:
+            raise RuntimeError(f"this state closes its windows every {self._schedule.window_steps} steps by "
+                               f"itself; end_epoch() is for window_steps=None")
+        self.step_end()
+        with self._python_state():
+            self._end_window()
+
+    def _end_window(self):
+        if not self._schedule.window_is_check:
+            self._schedule.end_window()
+        else:
+            local = tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float64))) for t in self.accumulated])
+            mean_squared = self._ops.allreduce_flat_mean(local, "accordion.norms")
+            if self._schedule.end_window(mean_squared.numpy().tolist(), bytes_sent=self._ops.take_bytes_sent()):
+                self._reducer.set_levels(self._schedule.levels)
+        for total in self.accumulated:
+            total.assign(tf.zeros_like(total))
+
+    def stats(self):
+        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
+        stats = self._log.as_dict()
+        stats["levels"] = self.levels
+        return stats
+
+    def _python_state(self):
+        return _MirroredPythonState(self)
+
+    def _dump(self):
+        return json.dumps(self._schedule.state_dict())
+
+
+class _MirroredPythonState:
+    """Loads the schedule from its variable if a checkpoint restore changed it, and
+    writes it back after every eager update."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __enter__(self):
+        saved = self.state.schedule_json.numpy().decode()
+        if saved != self.state._dump():
+            self.state._schedule.load_state_dict(json.loads(saved))
+
+    def __exit__(self, *exc_info):
+        self.state.schedule_json.assign(self.state._dump())
+
+
+def _check_same_variables_on_all_ranks(names, variables, compression, process_set):
+    root = process_set.ranks[0] if process_set.ranks else 0
+    check_same_on_all_ranks(
+        exchange_signature(names, [v.shape for v in variables], [v.dtype.name for v in variables], compression),
+        process_set.rank(),
+        lambda local: hvd.broadcast_object(local, root_rank=root, process_set=process_set,
+                                           name="accordion.signature"),
+        lambda flag: int(hvd.allreduce(tf.constant([flag]), op=hvd.Sum, name="accordion.signature.check",
+                                       process_set=process_set).numpy()[0]))

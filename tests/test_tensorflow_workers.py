@@ -1,0 +1,11 @@
+"""TensorFlow and tf_keras adapters on 2 real Horovod processes, over Gloo and over MPI."""
+import pytest
+
+from tests.conftest import CONTROLLERS, check_names
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("check", check_names("tf_checks"))
+def test_tensorflow(launches, controller, check):
+    launches("tf_checks", controller).check(check)
