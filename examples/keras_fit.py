@@ -1,0 +1,65 @@
+"""Accordion on tf_keras ``model.fit``: an MLP on the embedded digits dataset.
+
+    TF_USE_LEGACY_KERAS=1 horovodrun -np 2 --gloo python examples/keras_fit.py
+
+The only Horovod-facing changes from a plain Horovod Keras script are the import line
+and ``AccordionCallback``. TopK keeps 99 % of each layer's gradient (ℓ_low) in critical
+regimes and 10 % (ℓ_high) elsewhere; the LR drops 10x at ``--decay-epoch``.
+"""
+import argparse
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+import horovod_accordion.keras as hvd  # noqa: E402
+from embedded_data import digits_shards  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--decay-epoch", type=int, default=8)
+    parser.add_argument("--interval", type=int, default=2)
+    args = parser.parse_args()
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf_keras.utils.set_random_seed(0)
+    x_train, y_train, x_test, y_test = digits_shards(hvd.rank(), hvd.size())
+    model = tf_keras.Sequential([tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),
+                                 tf_keras.layers.Dense(64, activation="relu"), tf_keras.layers.Dense(10)])
+    optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
+                                         compression=hvd.Compression.topk(0.99, 0.1), interval=args.interval)
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    class PrintLevels(tf_keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if hvd.rank() == 0:
+                levels = "  ".join(f"{name.split('/')[-2]}/{name.split('/')[-1][:-2]}={level:g}"
+                                   for name, level in optimizer.accordion_state.levels.items())
+                print(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  kept fraction per layer: {levels}",
+                      flush=True)
+
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+        tf_keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 10 if epoch == args.decay_epoch else lr),
+        hvd.AccordionCallback(),
+        PrintLevels(),
+    ]
+    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, callbacks=callbacks, verbose=0)
+    _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    stats = optimizer.accordion_state.stats()
+    if hvd.rank() == 0:
+        print(f"[rank 0] test accuracy {accuracy:.3f}; bytes sent per rank {stats['total_bytes_sent']} "
+              f"over {stats['steps']} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The examples run as users run them: ``horovodrun -np 2 --gloo python examples/...``."""
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+
+HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
+
+
+def run_example(script, *args, timeout=300):
+    result = subprocess.run([HOROVODRUN, "-np", "2", "--gloo", sys.executable, script, *args],
+                            cwd=REPO / "examples", env=worker_env(), capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.mark.multiworker
+def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels():
+    output = run_example("pytorch_demo.py", "--epochs", "4", "--interval", "2", "--decay-epoch", "3")
+    for rank in (0, 1):
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        assert len(losses) == 4 and losses[-1] < losses[0], output
+    assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
+    assert "LR decay to" in output, output
+
+
+@pytest.mark.multiworker
+def test_batch_switch_example_reports_traffic():
+    output = run_example("pytorch_batch_switch.py", "--epochs", "6", "--decay-epochs", "4")
+    assert re.search(r"global batch 32, 1 micro-batches", output), output
+    assert "'mode': 'accordion'" in output, output
+
+
+@pytest.mark.multiworker
+def test_keras_fit_example():
+    output = run_example("keras_fit.py", "--epochs", "3")
+    assert output.count("kept fraction per layer") == 3 and "test accuracy" in output, output
+
+
+@pytest.mark.multiworker
+def test_tensorflow_custom_loop_example_traces_once():
+    output = run_example("tensorflow_custom_loop.py", "--epochs", "3")
+    assert output.count("traced 1 time(s)") == 2, output
