@@ -41,8 +41,8 @@ def main():
     class PrintLevels(tf_keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if hvd.rank() == 0:
-                levels = "  ".join(f"{name.split('/')[-2]}/{name.split('/')[-1][:-2]}={level:g}"
-                                   for name, level in optimizer.accordion_state.levels.items())
+                levels = "  ".join(f"{name.split('/')[-2]}={level:g}"  # biases are never compressed
+                                   for name, level in optimizer.accordion_state.levels.items() if "kernel" in name)
                 print(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  kept fraction per layer: {levels}",
                       flush=True)
 

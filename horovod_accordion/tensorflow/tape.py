@@ -3,6 +3,8 @@
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
+from horovod_accordion.compression import PowerSGD, TopK
+
 __all__ = ["DistributedGradientTape"]
 
 
@@ -25,6 +27,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compres
     compression and Horovod options are then the state's.
     """
     if accordion is None:
+        if isinstance(compression, (PowerSGD, TopK)):
+            raise ValueError(
+                "PowerSGD and TopK keep state across steps: create hvd.AccordionState(variables, "
+                "compression=...) once, outside tf.function, and pass it as accordion=")
         return hvd.DistributedGradientTape(
             gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
             sparse_as_dense=sparse_as_dense, op=op, gradient_predivide_factor=gradient_predivide_factor,

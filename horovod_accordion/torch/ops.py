@@ -24,14 +24,15 @@ class Level:
 
 
 class TorchOps:
-    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0):
+    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, device="cpu"):
         self.process_set = process_set
+        self.device = device  # where the parameters, hence the compression state, live
         self.gradient_predivide_factor = gradient_predivide_factor
         self.bytes_sent = 0
 
     # State that survives a step.
     def state(self, array, name):
-        return torch.from_numpy(array).to(torch.float32)
+        return torch.from_numpy(array).to(device=self.device, dtype=torch.float32)
 
     def read(self, state):
         return state

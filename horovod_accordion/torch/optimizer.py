@@ -44,7 +44,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._groups = groups  # every phase is already one fused collective; kept for the API
-        self._ops = TorchOps(process_set, gradient_predivide_factor)
+        self._ops = TorchOps(process_set, gradient_predivide_factor,
+                             device=self._params[0].device if self._params else "cpu")
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
         self._batch_switch = batch_switch
         if batch_switch is not None:

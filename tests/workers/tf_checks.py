@@ -208,6 +208,7 @@ def check_bad_tensorflow_configuration_raises_before_any_collective():
         lambda: hvd.AccordionState(variables, compression=hvd.Compression.topk(0.5), op=hvd.Adasum),
         lambda: hvd.Compression.cast(tf.bfloat16),
         lambda: hvd_keras.DistributedOptimizer(object(), compression=hvd.Compression.topk(0.5)),
+        lambda: hvd.DistributedGradientTape(tf.GradientTape(), compression=hvd.Compression.topk(0.5)),
     ]
     if hvd.rank() == 1:  # a collective entered by rank 1 alone would hang this check
         for case in cases:
