@@ -22,6 +22,9 @@ class _AccordionOptimizer:
         if self._accordion_state is None:
             with tf.init_scope():
                 self._accordion_state = AccordionState(variables, **self._accordion_options)
+            # A checkpoint of the optimizer (or of the model with it) then carries the state,
+            # and a restore made before this first step is applied now (deferred restoration).
+            self._track_trackable(self._accordion_state, name="accordion_state")
         grads = self._accordion_state.reduce(list(grads))
         return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
 
@@ -71,7 +74,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                    sparse_as_dense=sparse_as_dense, process_set=process_set, eta=eta, interval=interval,
                    window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor,
                    log_path=log_path)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_AccordionOptimizer.__dict__))
+    methods = {k: v for k, v in _AccordionOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._accordion_options = options
     wrapped._accordion_state = None

@@ -135,6 +135,13 @@ def check_keras_fit_levels_agree_and_step_decay_switches_to_low():
     assert decays[0]["step"] == decay_epoch * 8, decays
     assert any(1 in levels for levels in recorder.levels[:decay_epoch]), recorder.levels  # ℓ_high before
     assert len(stats["bytes_per_step"]) == 9 * 8
+    # the Keras optimizer checkpoint carries the Accordion state with it
+    import tempfile
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    saved = {name for name, _ in tf.train.list_variables(path)}
+    for key in optimizer.accordion_state.reducer_variables:
+        assert any(f"reducer_variables/{key}/" in name for name in saved), (key, sorted(saved)[:20])
+    assert any("schedule_json" in name for name in saved), sorted(saved)
     return recorder.levels
 
 
