@@ -49,8 +49,13 @@ class AccordionCallback(tf_keras.callbacks.Callback):
 
     def current_lr(self):
         optimizer = self._optimizer or self.model.optimizer
-        lr = optimizer.learning_rate
-        if isinstance(lr, tf_keras.optimizers.schedules.LearningRateSchedule):
+        schedule_type = tf_keras.optimizers.schedules.LearningRateSchedule
+        # The new optimizers' learning_rate is the rate of the *last* step when it comes from
+        # a schedule; the schedule itself gives the rate of the step about to run.
+        lr = getattr(optimizer, "_learning_rate", None)
+        if not isinstance(lr, schedule_type):
+            lr = optimizer.learning_rate
+        if isinstance(lr, schedule_type):
             lr = lr(optimizer.iterations)
         return float(tf.convert_to_tensor(lr).numpy())
 

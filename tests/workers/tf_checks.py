@@ -225,3 +225,17 @@ def check_bad_tensorflow_configuration_raises_before_any_collective():
                 continue
             raise AssertionError("a bad configuration did not raise ValueError")
     assert float(horovod_tf.allreduce(tf.ones([1]), op=horovod_tf.Sum)[0]) == 2.0
+
+
+def check_callback_reads_a_learning_rate_schedule():
+    model = make_keras_model()
+    schedule = tf_keras.optimizers.schedules.PiecewiseConstantDecay(boundaries=[20], values=[0.05, 0.005])
+    optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(schedule),
+                                               compression=hvd.Compression.topk(0.5, 0.1), interval=1)
+    model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = rank_dataset()
+    model.fit(x, y, batch_size=32, epochs=4, callbacks=[hvd_keras.AccordionCallback()], verbose=0)
+    decays = [c for c in optimizer.accordion_state.stats()["checks"] if c["event"] == "lr_decay"]
+    # the schedule drops after optimizer step 20: the decay is seen before the batch that uses it
+    assert [(d["step"], round(d["lr"], 6)) for d in decays] == [(21, 0.005)], decays
+    assert set(decays[0]["levels"].values()) == {0.5}
