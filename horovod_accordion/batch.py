@@ -10,7 +10,7 @@ The decision is whole-model, as in the authors' batch-size runs and Shockwave.
 import math
 from dataclasses import dataclass
 
-__all__ = ["BatchSwitch"]
+__all__ = ["BatchSwitch", "MicroBatchCounter"]
 
 _LR_SCALING = {
     "linear": lambda multiplier: float(multiplier),
@@ -59,3 +59,32 @@ class BatchSwitch:
         if micro_batches == 1 or steps_since_switch >= self.warmup_steps:
             return full
         return 1 + (full - 1) * (steps_since_switch + 1) / (self.warmup_steps + 1)
+
+
+class MicroBatchCounter:
+    """Groups micro-batches into steps, and gives each step its LR factor.
+
+    The adapters call ``add`` for every micro-batch with the number of micro-batches
+    per step now in force; when it returns ``True`` the pending micro-batches are
+    communicated and applied, and ``complete_step`` says how many there were and by
+    which factor to scale the learning rate for that step.
+    """
+
+    def __init__(self, switch):
+        self.switch = switch
+        self.pending = 0
+        self._level = None
+        self._steps_at_level = 0
+
+    def add(self, micro_batches_per_step):
+        self.pending += 1
+        return self.pending >= micro_batches_per_step
+
+    def complete_step(self):
+        """The record of the step now applied: its micro-batches and LR factor."""
+        micro_batches, self.pending = self.pending, 0
+        same = micro_batches == self._level
+        self._steps_at_level = self._steps_at_level + 1 if same else 0
+        self._level = micro_batches
+        return {"micro_batches": micro_batches,
+                "lr_factor": self.switch.lr_factor(micro_batches, self._steps_at_level)}

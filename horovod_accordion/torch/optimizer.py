@@ -22,7 +22,7 @@ from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import check_optimizer_arguments, check_same_on_all_ranks, exchange_signature
-from horovod_accordion.batch import BatchSwitch
+from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
@@ -56,8 +56,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "with batch_switch, use a fixed compression")
             levels = batch_switch.levels
             accordion_options["per_layer"] = False  # one batch size for the whole model
-        self._micro_batches = 0
-        self._steps_at_batch = (None, 0)
+        self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
         self._lr_factor = 1.0
         log_path = accordion_options.pop("log_path")
         log = CommunicationLog()
@@ -85,8 +84,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._accordion.window_is_check:
             for total, grad in zip(self._accumulated, grads):
                 total.add_(grad)
-        micro_batches = self._micro_batches if self._batch_switch is not None else self.backward_passes_per_step
-        if self._batch_switch is not None and micro_batches > 1:
+        micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
+        if self._micro_batches and micro_batches > 1:
             grads = [g / micro_batches for g in grads]  # the mean over the large batch
         averaged = self._reducer.reduce(grads)
         if self.op == hvd.Sum:
@@ -99,8 +98,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.copy_(grad)
         window_complete = self._accordion.step_done(micro_batches)
-        self._accordion.log.record_step(self._accordion.step, self._ops.take_bytes_sent(),
-                                        **self._batch_step_record(micro_batches))
+        record = self._micro_batches.complete_step() if self._micro_batches else {}
+        self._lr_factor = record.get("lr_factor", 1.0)
+        self._accordion.log.record_step(self._accordion.step, self._ops.take_bytes_sent(), **record)
         if window_complete:
             self._end_window()
         self._synchronized = True
@@ -155,15 +155,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return {"micro_batches_per_step": levels[0],
                 "global_batch": levels[0] * self._batch_switch.small_batch * self._ops.size()}
 
-    def _batch_step_record(self, micro_batches):
-        if self._batch_switch is None:
-            return {}
-        level, steps = self._steps_at_batch
-        steps = steps + 1 if level == micro_batches else 0
-        self._steps_at_batch = (micro_batches, steps)
-        self._lr_factor = self._batch_switch.lr_factor(micro_batches, steps)
-        return {"micro_batches": micro_batches, "lr_factor": self._lr_factor}
-
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
         stats = self._accordion.log.as_dict()
@@ -181,10 +172,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         self._observe_lr()
-        if self._batch_switch is not None:
-            self._micro_batches += 1
-            if self._micro_batches < self.micro_batches_per_step:
-                return None  # keep accumulating this large batch
+        if self._micro_batches and not self._micro_batches.add(self.micro_batches_per_step):
+            return None  # keep accumulating this large batch
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
@@ -193,7 +182,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         if self._batch_switch is None:
             return super(self.__class__, self).step(closure)
-        self._micro_batches = 0
         return self._step_with_lr_factor(closure, self._lr_factor)
 
     def _step_with_lr_factor(self, closure, factor):
@@ -209,7 +197,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 group["lr"] = lr
 
     def zero_grad(self, set_to_none=True):
-        if self._batch_switch is not None and self._micro_batches > 0:
+        if self._micro_batches and self._micro_batches.pending > 0:
             return  # mid-way through a large batch: the micro-batch gradients must add up
         super(self.__class__, self).zero_grad(set_to_none)
 
