@@ -5,6 +5,8 @@
 The only Horovod-facing changes from a plain Horovod Keras script are the import line
 and ``AccordionCallback``. TopK keeps 99 % of each layer's gradient (ℓ_low) in critical
 regimes and 10 % (ℓ_high) elsewhere; the LR drops 10x at ``--decay-epoch``.
+``--batch-switch M`` switches the batch size instead: ``--batch-size`` in critical regimes,
+M times larger elsewhere (M micro-batches per communication).
 """
 import argparse
 import os
@@ -25,6 +27,7 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--decay-epoch", type=int, default=8)
     parser.add_argument("--interval", type=int, default=2)
+    parser.add_argument("--batch-switch", type=int, metavar="M", help="switch the batch size, not TopK")
     args = parser.parse_args()
 
     hvd.init()
@@ -33,8 +36,12 @@ def main():
     x_train, y_train, x_test, y_test = digits_shards(hvd.rank(), hvd.size())
     model = tf_keras.Sequential([tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),
                                  tf_keras.layers.Dense(64, activation="relu"), tf_keras.layers.Dense(10)])
+    if args.batch_switch:
+        accordion = dict(batch_switch=hvd.BatchSwitch(small_batch=args.batch_size, multiplier=args.batch_switch))
+    else:
+        accordion = dict(compression=hvd.Compression.topk(0.99, 0.1))
     optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
-                                         compression=hvd.Compression.topk(0.99, 0.1), interval=args.interval)
+                                         interval=args.interval, **accordion)
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
@@ -43,8 +50,8 @@ def main():
             if hvd.rank() == 0:
                 levels = "  ".join(f"{name.split('/')[-2]}={level:g}"  # biases are never compressed
                                    for name, level in optimizer.accordion_state.levels.items() if "kernel" in name)
-                print(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  kept fraction per layer: {levels}",
-                      flush=True)
+                what = "micro-batches per step" if args.batch_switch else "kept fraction per layer"
+                print(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  {what}: {levels}", flush=True)
 
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),

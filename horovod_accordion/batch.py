@@ -51,6 +51,18 @@ class BatchSwitch:
     def levels(self):
         return 1, self.multiplier
 
+    def replace_levels(self, compression_levels):
+        """The levels Accordion switches with this batch switch: the micro-batches per step.
+        Switching the compression too would confound the two, so it must be fixed."""
+        if compression_levels[0] != compression_levels[1]:
+            raise ValueError("Accordion switches either the compression level or the batch size: "
+                             "with batch_switch, use a fixed compression")
+        return self.levels
+
+    def describe(self, levels, size):
+        """The batch in force, for each check record."""
+        return {"micro_batches_per_step": levels[0], "global_batch": levels[0] * self.small_batch * size}
+
     def lr_factor(self, micro_batches, steps_since_switch):
         """The factor on the user's learning rate for a step of ``micro_batches`` micro-batches,
         the ``steps_since_switch``-th (from 0) since the batch size last changed."""

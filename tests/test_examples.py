@@ -43,6 +43,12 @@ def test_keras_fit_example():
 
 
 @pytest.mark.multiworker
+def test_keras_fit_example_with_batch_switching():
+    output = run_example("keras_fit.py", "--epochs", "3", "--batch-switch", "4")
+    assert output.count("micro-batches per step") == 3 and "test accuracy" in output, output
+
+
+@pytest.mark.multiworker
 def test_tensorflow_custom_loop_example_traces_once():
     output = run_example("tensorflow_custom_loop.py", "--epochs", "3")
     assert output.count("traced 1 time(s)") == 2, output

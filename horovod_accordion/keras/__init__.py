@@ -15,3 +15,4 @@ from horovod_accordion.keras import callbacks  # noqa: F401,E402 - Horovod's cal
 from horovod_accordion.keras.callbacks import AccordionCallback  # noqa: F401,E402
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401,E402
 from horovod_accordion.tensorflow.optimizer import DistributedOptimizer  # noqa: F401,E402
+from horovod_accordion.batch import BatchSwitch  # noqa: F401,E402

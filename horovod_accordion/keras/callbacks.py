@@ -47,6 +47,16 @@ class AccordionCallback(tf_keras.callbacks.Callback):
         optimizer = self._optimizer or self.model.optimizer
         return getattr(optimizer, "accordion_state", None)
 
+    def on_train_begin(self, logs=None):
+        optimizer = self._optimizer or self.model.optimizer
+        if getattr(optimizer, "_accordion_options", {}).get("batch_switch") is None:
+            return
+        # Batch switching counts every micro-batch, the first included: create the state now.
+        if not self.model.built:
+            raise ValueError("batch_switch needs the model built before fit(): give the first layer an "
+                             "input_shape, or call model.build()")
+        optimizer.accordion_state_for(self.model.trainable_variables)
+
     def current_lr(self):
         optimizer = self._optimizer or self.model.optimizer
         schedule_type = tf_keras.optimizers.schedules.LearningRateSchedule
@@ -60,12 +70,22 @@ class AccordionCallback(tf_keras.callbacks.Callback):
         return float(tf.convert_to_tensor(lr).numpy())
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.state is not None:  # created by the first apply_gradients
-            self.state.observe_lr(self.current_lr())
+        state = self.state
+        if state is None:  # created by the first apply_gradients
+            return
+        if state.batch_switch is not None:
+            state.begin_micro_batch(self.current_lr())
+        else:
+            state.observe_lr(self.current_lr())
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.state is not None:
-            self.state.step_end()
+        state = self.state
+        if state is None:
+            return
+        if state.batch_switch is not None:
+            state.end_micro_batch()
+        else:
+            state.step_end()
 
     def on_epoch_end(self, epoch, logs=None):
         state = self.state

@@ -9,3 +9,4 @@ from horovod_accordion.tensorflow.compression import Compression  # noqa: F401
 from horovod_accordion.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from horovod_accordion.tensorflow.state import AccordionState  # noqa: F401
 from horovod_accordion.tensorflow.tape import DistributedGradientTape  # noqa: F401
+from horovod_accordion.batch import BatchSwitch  # noqa: F401

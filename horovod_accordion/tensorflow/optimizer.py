@@ -19,19 +19,58 @@ __all__ = ["DistributedOptimizer"]
 class _AccordionOptimizer:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads, variables = zip(*list(grads_and_vars))
+        state = self.accordion_state_for(variables)
+        if state.batch_switch is None:
+            grads = state.reduce(list(grads))
+            return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+        # Batch switching: accumulate every micro-batch; communicate and apply only when
+        # begin_micro_batch decided this one completes the step (identically on every rank).
+        _build_weights(self, variables)
+        learning_rate = _learning_rate_variable(self)
+        state.add_micro_batch(grads)
+
+        def apply_large_batch():
+            averaged = state.reduce_pending()
+            base = tf.identity(learning_rate)
+            learning_rate.assign(base * state.lr_factor)  # for this step only
+            super(self.__class__, self).apply_gradients(zip(averaged, variables), *args, **kwargs)
+            learning_rate.assign(base)
+            return tf.constant(True)
+
+        return tf.cond(state.apply_now, apply_large_batch, lambda: tf.constant(False))
+
+    def accordion_state_for(self, variables):
+        """The ``AccordionState`` of ``variables``, created on first use, eagerly."""
         if self._accordion_state is None:
             with tf.init_scope():
                 self._accordion_state = AccordionState(variables, **self._accordion_options)
             # A checkpoint of the optimizer (or of the model with it) then carries the state,
             # and a restore made before this first step is applied now (deferred restoration).
             self._track_trackable(self._accordion_state, name="accordion_state")
-        grads = self._accordion_state.reduce(list(grads))
-        return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+        return self._accordion_state
 
     @property
     def accordion_state(self):
         """The ``AccordionState``, or ``None`` before the first step."""
         return self._accordion_state
+
+
+def _build_weights(optimizer, variables):
+    """Create the slots and hyper-parameters outside the tf.cond that applies the step."""
+    if hasattr(optimizer, "_create_all_weights"):  # tf_keras legacy optimizers
+        optimizer._create_all_weights(variables)
+    else:
+        optimizer.build(variables)
+
+
+def _learning_rate_variable(optimizer):
+    learning_rate = optimizer.learning_rate
+    if not isinstance(learning_rate, tf.Variable):
+        raise ValueError(
+            "batch_switch scales the learning rate of each step in the graph, so it needs the learning "
+            "rate as a variable: pass a float learning rate (change it with LearningRateScheduler), "
+            "not a LearningRateSchedule")
+    return learning_rate
 
 
 def _require_keras2(optimizer):
@@ -51,16 +90,18 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0,
-                         log_path=None):
+                         log_path=None, batch_switch=None):
     """Wrap a tf_keras ``optimizer`` so that ``apply_gradients`` averages over ranks.
 
     The arguments up to ``scale_local_gradients`` are Horovod's, with its defaults.
     Accordion's (``eta`` … ``log_path``) are those of ``AccordionState``; add
     ``horovod_accordion.keras.AccordionCallback`` to ``fit`` so that epochs close the
-    detection windows and learning-rate decays reach the detector.
+    detection windows and learning-rate decays reach the detector. With ``batch_switch``
+    (a ``BatchSwitch``), Accordion switches between 1 and m micro-batches (``fit`` batches)
+    per communication instead of the compression level; ``compression`` stays fixed.
     """
     _require_keras2(optimizer)
-    if not isinstance(compression, (PowerSGD, TopK)):
+    if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)):
         return hvd_keras.DistributedOptimizer(
             optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,
@@ -73,7 +114,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     options = dict(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                    sparse_as_dense=sparse_as_dense, process_set=process_set, eta=eta, interval=interval,
                    window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor,
-                   log_path=log_path)
+                   log_path=log_path, batch_switch=batch_switch)
     methods = {k: v for k, v in _AccordionOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())

@@ -16,6 +16,7 @@ from horovod.tensorflow.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import check_optimizer_arguments, check_same_on_all_ranks, exchange_signature
+from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.tensorflow.ops import TensorFlowOps
@@ -37,11 +38,15 @@ class AccordionState(tf.Module):
         eta, interval, window_steps, per_layer, lr_decay_factor, log_path: as in
             ``horovod_accordion.torch.DistributedOptimizer``. Windows are epochs closed by
             ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
+        batch_switch: a ``BatchSwitch``: switch the batch size instead of the compression
+            level. Micro-batches are added with ``add_micro_batch`` and reduced together by
+            ``reduce_pending`` when ``apply_now`` (set by ``begin_micro_batch``) is true.
     """
 
     def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
-                 window_steps=None, per_layer=True, lr_decay_factor=2.0, log_path=None, name=None):
+                 window_steps=None, per_layer=True, lr_decay_factor=2.0, log_path=None, batch_switch=None,
+                 name=None):
         super().__init__(name=name)
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, 1)
         variables = list(variables)
@@ -53,9 +58,17 @@ class AccordionState(tf.Module):
         self._shapes = shapes
         self._ops = TensorFlowOps(process_set, gradient_predivide_factor)
         self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
+        self.batch_switch = batch_switch
+        if batch_switch is not None:
+            if not isinstance(batch_switch, BatchSwitch):
+                raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
+            levels = batch_switch.replace_levels(levels)
+            per_layer = False  # one batch size for the whole model
         self._log = CommunicationLog()
-        self._schedule = Accordion(names, levels, log=self._log, eta=eta, interval=interval,
-                                   window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor)
+        self._schedule = Accordion(
+            names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
+            per_layer=per_layer, lr_decay_factor=lr_decay_factor,
+            describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
         _check_same_variables_on_all_ranks(names, variables, compression, process_set)
         if log_path is not None and process_set.rank() == 0:
             self._log.path = log_path
@@ -66,6 +79,14 @@ class AccordionState(tf.Module):
                             for k, shape in enumerate(shapes)] if self._schedule.adaptive else []
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self.schedule_json = tf.Variable(self._dump(), dtype=tf.string, trainable=False, name="schedule")
+        if batch_switch is not None:
+            self._counter = MicroBatchCounter(batch_switch)
+            self._step_record = None
+            self.pending = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"pending_{k}")
+                            for k, shape in enumerate(shapes)]
+            self.apply_now = tf.Variable(False, trainable=False, name="apply_now")
+            self.pending_count = tf.Variable(1.0, trainable=False, name="pending_count")
+            self.lr_factor = tf.Variable(1.0, trainable=False, name="lr_factor")
 
     @property
     def window_steps(self):
@@ -77,12 +98,19 @@ class AccordionState(tf.Module):
         with self._python_state():
             return dict(zip(self._schedule.layer_names, self._schedule.levels))
 
-    def reduce(self, grads):
-        """Average ``grads`` over ranks at each layer's level. Graph-safe."""
+    @property
+    def micro_batches_per_step(self):
+        return self._schedule.levels[0] if self.batch_switch is not None else 1
+
+    def reduce(self, grads, micro_batches=None):
+        """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
+        sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
         for total, grad in zip(self.accumulated, grads):
             total.assign_add(tf.cast(grad, tf.float32))
         self.steps.assign_add(1)
+        if micro_batches is not None:
+            grads = [g / tf.cast(micro_batches, g.dtype) for g in grads]
         averaged = self._reducer.reduce(grads)
         if self._op == hvd.Sum:
             averaged = [g * self._ops.size() for g in averaged]
@@ -99,21 +127,53 @@ class AccordionState(tf.Module):
             return tf.convert_to_tensor(grad)
         return grad
 
+    def add_micro_batch(self, grads):
+        """Add one micro-batch's gradients to the pending large batch. Graph-safe."""
+        for total, grad, shape in zip(self.pending, grads, self._shapes):
+            total.assign_add(tf.cast(self._dense(grad, shape), tf.float32))
+
+    def reduce_pending(self):
+        """Average the pending large batch over its micro-batches and ranks; empty it. Graph-safe."""
+        sums = [tf.convert_to_tensor(total) for total in self.pending]
+        averaged = self.reduce(sums, micro_batches=self.pending_count)
+        for total in self.pending:
+            total.assign(tf.zeros_like(total))
+        return averaged
+
     # Eager bookkeeping between steps.
+    def begin_micro_batch(self, lr):
+        """Before each micro-batch: observe the LR, and decide whether this micro-batch
+        completes a step (``apply_now``), with how many micro-batches and which LR factor."""
+        self.observe_lr(lr)
+        complete = self._counter.add(self.micro_batches_per_step)
+        self._step_record = self._counter.complete_step() if complete else None
+        self.apply_now.assign(complete)
+        if complete:
+            self.pending_count.assign(float(self._step_record["micro_batches"]))
+            self.lr_factor.assign(self._step_record["lr_factor"])
+
+    def end_micro_batch(self):
+        """After each micro-batch: record the step it completed, if any."""
+        if self._step_record is not None:
+            record, self._step_record = self._step_record, None
+            self.step_end(**record)
+
     def observe_lr(self, lr):
         """Report the learning rate in force; a decay event puts every layer at ℓ_low."""
         with self._python_state():
             if self._schedule.observe_lr(float(lr)):
                 self._reducer.set_levels(self._schedule.levels)
 
-    def step_end(self):
-        """Record the traffic of the steps run since the last call; close step windows."""
+    def step_end(self, **record):
+        """Record the traffic of the steps run since the last call; close step windows.
+        ``record`` (micro-batches, LR factor) describes the last of them."""
         with self._python_state():
             pending = int(self.steps.numpy()) - self._schedule.step
             bytes_sent = self._ops.take_bytes_sent()
             for k in range(pending):
-                window_complete = self._schedule.step_done(1)
-                self._log.record_step(self._schedule.step, bytes_sent if k == pending - 1 else 0)
+                last = k == pending - 1
+                window_complete = self._schedule.step_done(record.get("micro_batches", 1) if last else 1)
+                self._log.record_step(self._schedule.step, bytes_sent if last else 0, **(record if last else {}))
                 if window_complete:
                     self._end_window()
 

@@ -51,10 +51,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if batch_switch is not None:
             if not isinstance(batch_switch, BatchSwitch):
                 raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
-            if levels[0] != levels[1]:
-                raise ValueError("Accordion switches either the compression level or the batch size: "
-                                 "with batch_switch, use a fixed compression")
-            levels = batch_switch.levels
+            levels = batch_switch.replace_levels(levels)
             accordion_options["per_layer"] = False  # one batch size for the whole model
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
         self._lr_factor = 1.0
@@ -150,10 +147,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _describe_levels(self, levels):
         """Extra fields of each check record: in batch mode, the batch size in force."""
-        if self._batch_switch is None:
-            return {}
-        return {"micro_batches_per_step": levels[0],
-                "global_batch": levels[0] * self._batch_switch.small_batch * self._ops.size()}
+        return {} if self._batch_switch is None else self._batch_switch.describe(levels, self._ops.size())
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""

@@ -12,6 +12,7 @@ import horovod.torch as horovod_torch
 
 import horovod_accordion.keras as hvd_keras
 import horovod_accordion.tensorflow as hvd
+from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
 from horovod_accordion.tensorflow.ops import TensorFlowOps
 from horovod_accordion.torch.ops import TorchOps
@@ -239,3 +240,71 @@ def check_callback_reads_a_learning_rate_schedule():
     # the schedule drops after optimizer step 20: the decay is seen before the batch that uses it
     assert [(d["step"], round(d["lr"], 6)) for d in decays] == [(21, 0.005)], decays
     assert set(decays[0]["levels"].values()) == {0.5}
+
+
+def keras_batch_switch_optimizer(lr, switch, **kwargs):
+    return hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(lr), batch_switch=switch, **kwargs)
+
+
+def check_keras_batch_switch_accumulated_micro_batches_equal_one_large_step():
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    accumulated, large = make_keras_model(), make_keras_model()
+    optimizer = keras_batch_switch_optimizer(0.1, BatchSwitch(small_batch=8, multiplier=4, warmup_steps=0))
+    state = optimizer.accordion_state_for(accumulated.trainable_variables)
+    with state._python_state():
+        state._schedule.detector.critical = [False] * len(accumulated.trainable_variables)  # large batch
+    x, y = rank_dataset(32)
+
+    @tf.function
+    def micro_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, accumulated(x, training=True))
+        grads = tape.gradient(loss, accumulated.trainable_variables)
+        optimizer.apply_gradients(zip(grads, accumulated.trainable_variables))
+
+    for micro in range(4):
+        state.begin_micro_batch(0.1)
+        micro_step(x[8 * micro:8 * micro + 8], y[8 * micro:8 * micro + 8])
+        state.end_micro_batch()
+    assert state.stats()["steps_extra"] == [{"micro_batches": 4, "lr_factor": 4.0}]
+    reference = tf_keras.optimizers.SGD(0.4)  # linear scaling
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, large(x, training=True))
+    tape = hvd.DistributedGradientTape(tape)
+    reference.apply_gradients(zip(tape.gradient(loss, large.trainable_variables), large.trainable_variables))
+    for a, b in zip(accumulated.get_weights(), large.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def check_keras_batch_switch_follows_the_controller():
+    model = make_keras_model()
+    optimizer = keras_batch_switch_optimizer(0.01, BatchSwitch(small_batch=8, multiplier=4, warmup_steps=2),
+                                             interval=1)
+    model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = rank_dataset(128)  # 16 micro-batches of 8 per epoch
+    bytes_per_epoch = []
+
+    class EpochTraffic(tf_keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.before = optimizer.accordion_state.stats()["total_bytes_sent"]
+
+        def on_epoch_end(self, epoch, logs=None):
+            # runs before AccordionCallback's window, so this is step traffic only
+            bytes_per_epoch.append(optimizer.accordion_state.stats()["total_bytes_sent"] - self.before)
+
+    callbacks = [tf_keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 10 if epoch == 3 else lr),
+                 EpochTraffic(), hvd_keras.AccordionCallback()]
+    model.fit(x, y, batch_size=8, epochs=4, shuffle=False, callbacks=callbacks, verbose=0)
+    stats = optimizer.accordion_state.stats()
+    steps = stats["steps_extra"]
+    # epochs 0-1: small batch (the first checks), 2: large with LR warm-up, 3: small after the decay
+    assert [s["micro_batches"] for s in steps] == [1] * 32 + [4] * 4 + [1] * 16, steps
+    assert [s["lr_factor"] for s in steps] == [1.0] * 32 + [2.0, 3.0, 4.0, 4.0] + [1.0] * 16, steps
+    assert bytes_per_epoch[2] * 4 == bytes_per_epoch[1], bytes_per_epoch
+    checks = [c for c in stats["checks"] if c["event"] == "check"]
+    assert [c["global_batch"] for c in checks] == [16, 64, 64, 64], checks
+    assert int(optimizer.iterations.numpy()) == 52
+    assert weights_identical_across_ranks(model)
+    everyone = horovod_tf.allgather_object({"steps": steps, "checks": checks})
+    assert everyone[0] == everyone[1], "ranks disagree on the batch size"
+    return bytes_per_epoch
