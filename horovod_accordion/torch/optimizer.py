@@ -33,7 +33,7 @@ __all__ = ["DistributedOptimizer"]
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, process_set, batch_switch,
+                 gradient_predivide_factor, sparse_as_dense, process_set, batch_switch,
                  accordion_options):
         super(self.__class__, self).__init__(params)
         self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
@@ -43,7 +43,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._groups = groups  # every phase is already one fused collective; kept for the API
         self._ops = TorchOps(process_set, gradient_predivide_factor,
                              device=self._params[0].device if self._params else "cpu")
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
@@ -290,10 +289,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if num_groups != 0:
         warnings.warn("num_groups is deprecated in Horovod; use groups", DeprecationWarning)
         groups = num_groups
+    # groups only matter for Horovod's per-parameter allreduces; every phase here is already
+    # one fused collective, so they are validated as Horovod does and otherwise unused.
     if groups is not None and not (isinstance(groups, list) or groups > 0):
         raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                              lr_decay_factor=lr_decay_factor, log_path=log_path)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, batch_switch, accordion_options)
+               gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, accordion_options)
