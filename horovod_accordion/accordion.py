@@ -89,6 +89,19 @@ class Accordion:
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
 
+    def close_window(self, reducer, ops, accumulated):
+        """Close a window for an adapter: at a check, average each layer's squared norm of
+        its ``accumulated`` gradient over ranks (one small allreduce through ``ops``),
+        decide, and give ``reducer`` the new levels; then empty the accumulators."""
+        if self.window_is_check:
+            mean_squared = ops.allreduce_flat_mean(ops.squared_norms(accumulated), "accordion.norms")
+            if self.end_window(ops.to_floats(mean_squared), bytes_sent=ops.take_bytes_sent()):
+                reducer.set_levels(self.levels)
+        else:
+            self.end_window()
+        for total in accumulated:
+            ops.zero(total)
+
     def state_dict(self):
         return {"detector": self.detector.state_dict(), "step": self.step,
                 "micro_batches_in_window": self.micro_batches_in_window,

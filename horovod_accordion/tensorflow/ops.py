@@ -30,6 +30,9 @@ class TensorFlowOps:
     def assign(self, state, value):
         state.assign(value)
 
+    def zero(self, state):
+        state.assign(tf.zeros_like(state))
+
     def level(self, value, name):
         # TopK fractions are float64 so that k = floor(fraction·numel) equals Python's int().
         dtype = tf.float64 if isinstance(value, float) else tf.int32
@@ -88,6 +91,12 @@ class TensorFlowOps:
     def scatter_mean(self, like, indices, values):
         total = tf.tensor_scatter_nd_add(tf.zeros_like(like), tf.reshape(indices, [-1, 1]), values)
         return total / tf.cast(tf.shape(indices)[0], like.dtype)
+
+    def squared_norms(self, tensors):
+        return tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float64))) for t in tensors])
+
+    def to_floats(self, tensor):
+        return tensor.numpy().tolist()
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):

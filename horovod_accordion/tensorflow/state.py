@@ -54,7 +54,6 @@ class AccordionState(tf.Module):
         shapes = [tuple(v.shape) for v in variables]
         self._op = op
         self._sparse_as_dense = sparse_as_dense
-        self._process_set = process_set
         self._shapes = shapes
         self._ops = TensorFlowOps(process_set, gradient_predivide_factor)
         self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
@@ -78,7 +77,8 @@ class AccordionState(tf.Module):
         self.accumulated = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"accumulated_{k}")
                             for k, shape in enumerate(shapes)] if self._schedule.adaptive else []
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
-        self.schedule_json = tf.Variable(self._dump(), dtype=tf.string, trainable=False, name="schedule")
+        self._synced_json = self._dump()
+        self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
         if batch_switch is not None:
             self._counter = MicroBatchCounter(batch_switch)
             self._step_record = None
@@ -187,15 +187,7 @@ class AccordionState(tf.Module):
             self._end_window()
 
     def _end_window(self):
-        if not self._schedule.window_is_check:
-            self._schedule.end_window()
-        else:
-            local = tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float64))) for t in self.accumulated])
-            mean_squared = self._ops.allreduce_flat_mean(local, "accordion.norms")
-            if self._schedule.end_window(mean_squared.numpy().tolist(), bytes_sent=self._ops.take_bytes_sent()):
-                self._reducer.set_levels(self._schedule.levels)
-        for total in self.accumulated:
-            total.assign(tf.zeros_like(total))
+        self._schedule.close_window(self._reducer, self._ops, self.accumulated)
 
     def stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
@@ -212,18 +204,22 @@ class AccordionState(tf.Module):
 
 class _MirroredPythonState:
     """Loads the schedule from its variable if a checkpoint restore changed it, and
-    writes it back after every eager update."""
+    writes it back when an eager update changed it."""
 
     def __init__(self, state):
         self.state = state
 
     def __enter__(self):
         saved = self.state.schedule_json.numpy().decode()
-        if saved != self.state._dump():
+        if saved != self.state._synced_json:
             self.state._schedule.load_state_dict(json.loads(saved))
+            self.state._synced_json = saved
 
     def __exit__(self, *exc_info):
-        self.state.schedule_json.assign(self.state._dump())
+        current = self.state._dump()
+        if current != self.state._synced_json:
+            self.state.schedule_json.assign(current)
+            self.state._synced_json = current
 
 
 def _check_same_variables_on_all_ranks(names, variables, compression, process_set):

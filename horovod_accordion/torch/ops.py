@@ -40,6 +40,9 @@ class TorchOps:
     def assign(self, state, value):
         state.copy_(value)
 
+    def zero(self, state):
+        state.zero_()
+
     def level(self, value, name):
         return Level(value)
 
@@ -96,6 +99,12 @@ class TorchOps:
     def scatter_mean(self, like, indices, values):
         total = torch.zeros_like(like).index_add_(0, indices.reshape(-1).long(), values)
         return total / indices.shape[0]
+
+    def squared_norms(self, tensors):
+        return torch.stack([t.double().pow(2).sum() for t in tensors])
+
+    def to_floats(self, tensor):
+        return tensor.tolist()
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):

@@ -62,7 +62,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if log_path is not None and process_set.rank() == 0:
             log.path = log_path
         self._accumulated = [torch.zeros_like(p, dtype=_norm_dtype(p)) for p in self._params] \
-            if self._accordion.adaptive else None
+            if self._accordion.adaptive else []
         self._synchronized = False
         self._should_synchronize = True
         _check_same_parameters_on_all_ranks(self._names, self._params, compression, process_set)
@@ -129,15 +129,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._end_window()
 
     def _end_window(self):
-        if not self._accordion.window_is_check:
-            self._accordion.end_window()
-            return
-        local = torch.stack([t.double().pow(2).sum() for t in self._accumulated])
-        mean_squared = self._ops.allreduce_flat_mean(local, "accordion.norms")
-        if self._accordion.end_window(mean_squared.tolist(), bytes_sent=self._ops.take_bytes_sent()):
-            self._reducer.set_levels(self._accordion.levels)
-        for total in self._accumulated:
-            total.zero_()
+        self._accordion.close_window(self._reducer, self._ops, self._accumulated)
 
     @property
     def micro_batches_per_step(self):
@@ -199,7 +191,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state["accordion"] = {
             "schedule": self._accordion.state_dict(),
             "reducer": self._ops.export_state(self._reducer.state()),
-            "accumulated": None if self._accumulated is None else [t.clone() for t in self._accumulated],
+            "accumulated": [t.clone() for t in self._accumulated],
         }
         return state
 
@@ -210,9 +202,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if accordion_state is not None:
             self._accordion.load_state_dict(accordion_state["schedule"])
             self._ops.import_state(self._reducer.state(), accordion_state["reducer"])
-            if self._accumulated is not None:
-                for total, saved in zip(self._accumulated, accordion_state["accumulated"]):
-                    total.copy_(saved)
+            for total, saved in zip(self._accumulated, accordion_state["accumulated"]):
+                total.copy_(saved)
         self._synchronized = False
 
 
