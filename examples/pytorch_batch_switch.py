@@ -13,7 +13,7 @@ import json
 import torch
 
 import horovod_accordion.torch as hvd
-from embedded_data import digits_shards
+from example_data import digits_shards
 
 
 def parse_args():

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import horovod_accordion.torch as hvd
-from embedded_data import digits_shards
+from example_data import digits_shards
 
 
 def parse_args():

@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import horovod_accordion.tensorflow as hvd  # noqa: E402
-from embedded_data import digits_shards  # noqa: E402
+from example_data import digits_shards  # noqa: E402
 
 
 def main():

@@ -9,6 +9,7 @@ import math
 
 from horovod_accordion.detector import RegimeDetector
 from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.reducers import fused_allreduce_mean
 
 __all__ = ["Accordion"]
 
@@ -22,24 +23,38 @@ class Accordion:
         eta, interval, per_layer, lr_decay_factor: see :class:`RegimeDetector`.
         window_steps: a window is this many optimizer steps; ``None`` means the user
             closes each window (an epoch) by calling ``end_epoch()`` on the optimizer.
+        delta_windows: the accumulated gradient Δ of a check spans this many windows
+            ending at the check (1 ≤ delta_windows ≤ interval). The authors' 1 compares one
+            epoch with one epoch; a longer Δ averages out the noise of small windows.
+        check_norm: ``"local"`` (the default): the mean over ranks of each rank's squared
+            norm of its own Δ, one scalar per layer on the wire. ``"averaged"``: the norm of
+            the Δ averaged over ranks, which is the norm of the gradient the model actually
+            followed, for one dense allreduce of the model per check.
         log: a :class:`CommunicationLog`.
         describe: a function of the new levels that returns extra fields for each check
             record (the batch variant logs the batch size in force).
     """
 
     def __init__(self, layer_names, levels, eta=0.5, interval=10, window_steps=None,
-                 per_layer=True, lr_decay_factor=2.0, log=None, describe=None):
+                 per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", log=None,
+                 describe=None):
         if window_steps is not None and (int(window_steps) != window_steps or window_steps < 1):
             raise ValueError(f"window_steps must be a positive integer or None (epochs), got {window_steps!r}")
+        if isinstance(delta_windows, bool) or not isinstance(delta_windows, int) or not 1 <= delta_windows <= interval:
+            raise ValueError(f"delta_windows must be an integer in [1, interval={interval}], got {delta_windows!r}")
+        if check_norm not in ("local", "averaged"):
+            raise ValueError(f"check_norm must be 'local' or 'averaged', got {check_norm!r}")
         self.layer_names = list(layer_names)
         self.low, self.high = levels
         self.window_steps = window_steps
+        self.delta_windows = delta_windows
+        self.check_norm = check_norm
         self.detector = RegimeDetector(len(self.layer_names), eta=eta, interval=interval,
                                        per_layer=per_layer, lr_decay_factor=lr_decay_factor)
         self.log = log if log is not None else CommunicationLog()
         self.describe = describe
         self.step = 0
-        self.micro_batches_in_window = 0
+        self.micro_batches_accumulated = 0
 
     @property
     def adaptive(self):
@@ -59,21 +74,29 @@ class Accordion:
     def step_done(self, micro_batches=1):
         """Count one optimizer step. Returns ``True`` when a step-based window is complete."""
         self.step += 1
-        self.micro_batches_in_window += micro_batches
+        self.micro_batches_accumulated += micro_batches
         return self.window_steps is not None and self.step % self.window_steps == 0
 
     @property
     def window_is_check(self):
-        """Only a window that ends in a check needs its gradients accumulated and reduced."""
+        """Whether the window now running ends in a check, where Δ is reduced and decided on."""
         return self.adaptive and self.detector.next_window_is_check
+
+    @property
+    def window_accumulates(self):
+        """Only the last ``delta_windows`` windows before a check need their gradients in Δ."""
+        return self.adaptive and -self.detector.windows_seen % self.detector.interval < self.delta_windows
 
     def end_window(self, mean_squared_norms=None, **log_extra):
         """Close the window; at a check, with each layer's squared norm of the accumulated
-        gradient, averaged over ranks. Norms are divided by the micro-batches in the window,
-        so a change in batch size or window length alone does not look like a regime change.
+        gradient, averaged over ranks. Norms are divided by the micro-batches in Δ, so a
+        change in batch size or window length alone does not look like a regime change.
         """
-        scale = max(self.micro_batches_in_window, 1)
-        self.micro_batches_in_window = 0
+        scale = max(self.micro_batches_accumulated, 1)
+        if self.window_is_check or not self.window_accumulates:
+            self.micro_batches_accumulated = 0
+        if not self.adaptive:
+            return False  # a fixed level: the user's loop closes windows all the same, for nothing
         window = self.detector.windows_seen
         if mean_squared_norms is None:
             return self.detector.end_window()
@@ -90,21 +113,27 @@ class Accordion:
         return True
 
     def close_window(self, reducer, ops, accumulated):
-        """Close a window for an adapter: at a check, average each layer's squared norm of
-        its ``accumulated`` gradient over ranks (one small allreduce through ``ops``),
-        decide, and give ``reducer`` the new levels; then empty the accumulators."""
+        """Close a window for an adapter: at a check, reduce each layer's squared norm of
+        its ``accumulated`` gradient Δ over ranks (see ``check_norm``), decide, give
+        ``reducer`` the new levels and empty Δ; a window that does not feed the next
+        check empties it too."""
+        empty = self.window_is_check or not self.window_accumulates
         if self.window_is_check:
-            mean_squared = ops.allreduce_flat_mean(ops.squared_norms(accumulated), "accordion.norms")
-            if self.end_window(ops.to_floats(mean_squared), bytes_sent=ops.take_bytes_sent()):
+            if self.check_norm == "local":
+                squared = ops.allreduce_flat_mean(ops.squared_norms(accumulated), "accordion.norms")
+            else:
+                squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "accordion.delta"))
+            if self.end_window(ops.to_floats(squared), bytes_sent=ops.take_bytes_sent()):
                 reducer.set_levels(self.levels)
         else:
             self.end_window()
-        for total in accumulated:
-            ops.zero(total)
+        if empty:
+            for total in accumulated:
+                ops.zero(total)
 
     def state_dict(self):
         return {"detector": self.detector.state_dict(), "step": self.step,
-                "micro_batches_in_window": self.micro_batches_in_window,
+                "micro_batches_accumulated": self.micro_batches_accumulated,
                 "levels": (self.low, self.high), "layer_names": self.layer_names}
 
     def load_state_dict(self, state):
@@ -115,4 +144,4 @@ class Accordion:
             raise ValueError("checkpoint layer names differ from this model's parameters")
         self.detector.load_state_dict(state["detector"])
         self.step = state["step"]
-        self.micro_batches_in_window = state["micro_batches_in_window"]
+        self.micro_batches_accumulated = state["micro_batches_accumulated"]

@@ -17,11 +17,14 @@ How this differs from the authors' code, on purpose (spec §8-9):
 * The norms must be *global*: adapters allreduce the per-layer squared norms of the
   local accumulated gradients, so every rank feeds the same numbers and takes the same
   decisions. The authors decided on rank 0's local shard and broadcast the result.
-* A *decay event* is a drop of the learning rate by at least ``lr_decay_factor`` below
-  the highest rate seen since the last event. For a step schedule (÷10) it fires at
-  the step, as the authors' ``lr_next < lr`` does; for cosine or linear decay it fires
-  once per halving (with the default factor 2) instead of pinning ℓ_low forever; a
-  warm-up only raises the reference and never fires.
+* A *decay event* is a drop of the learning rate by at least ``lr_decay_factor`` that
+  happens within one window: the rate now is compared with the highest rate of this
+  window and the one before it. A step schedule (÷10) fires at each step, as the
+  authors' ``lr_next < lr`` does. A smooth schedule (cosine, linear) is left to the
+  norm rule: its rate falls by a factor 2 within one epoch only in its last one or two
+  epochs, so a 300-epoch cosine fires at most twice, where a drop counted from the last
+  event fired twelve times and kept ℓ_low for 31 of the last 50 epochs. A warm-up only
+  raises the rate and never fires.
 * A non-finite norm never changes a level: the layer keeps its flag and a warning is
   emitted.
 """
@@ -44,8 +47,8 @@ class RegimeDetector:
         per_layer: one decision per layer (the paper). ``False`` takes one decision
             for the whole model from the global norm sqrt(Σ‖Δ_l‖²).
         lr_decay_factor: a learning rate at least this many times below the highest
-            rate since the last decay event is a decay event, which marks every layer
-            critical until the next check. ``None`` disables the rule.
+            rate of the current and the previous window is a decay event, which marks
+            every layer critical until the next check. ``None`` disables the rule.
     """
 
     def __init__(self, num_layers, eta=0.5, interval=10, per_layer=True, lr_decay_factor=2.0):
@@ -69,7 +72,9 @@ class RegimeDetector:
         self.windows_seen = 0
         self.last_check_norms = None
         self.last_ratios = None
-        self.lr_reference = None
+        # The highest learning rates of the previous and of the current window.
+        self.lr_previous_window = None
+        self.lr_current_window = None
 
     @property
     def next_window_is_check(self):
@@ -84,6 +89,8 @@ class RegimeDetector:
         ``self.critical`` were re-evaluated), else ``False``.
         """
         window = self.windows_seen
+        if self.lr_current_window is not None:
+            self.lr_previous_window, self.lr_current_window = self.lr_current_window, None
         if window % self.interval != 0:
             self.windows_seen += 1
             return False
@@ -122,14 +129,15 @@ class RegimeDetector:
         if self.lr_decay_factor is None or lr is None:
             return False
         lr = float(lr)
-        if self.lr_reference is None or lr > self.lr_reference:
-            self.lr_reference = lr
+        reference = max((r for r in (self.lr_previous_window, self.lr_current_window) if r is not None),
+                        default=lr)
+        self.lr_current_window = lr if self.lr_current_window is None else max(self.lr_current_window, lr)
+        if lr >= reference or lr * self.lr_decay_factor > reference:
             return False
-        if lr * self.lr_decay_factor <= self.lr_reference:
-            self.lr_reference = lr
-            self.critical = [True] * self.num_layers
-            return True
-        return False
+        # The drop is used up: later steps at the new rate must not fire again.
+        self.lr_previous_window, self.lr_current_window = None, lr
+        self.critical = [True] * self.num_layers
+        return True
 
     def state_dict(self):
         return {
@@ -138,7 +146,7 @@ class RegimeDetector:
             "critical": list(self.critical), "windows_seen": self.windows_seen,
             "last_check_norms": None if self.last_check_norms is None else list(self.last_check_norms),
             "last_ratios": None if self.last_ratios is None else list(self.last_ratios),
-            "lr_reference": self.lr_reference,
+            "lr_previous_window": self.lr_previous_window, "lr_current_window": self.lr_current_window,
         }
 
     def load_state_dict(self, state):
@@ -146,7 +154,7 @@ class RegimeDetector:
             raise ValueError(
                 f"detector state is for {state['num_layers']} layers, this model has {self.num_layers}")
         for key in ("eta", "interval", "per_layer", "lr_decay_factor", "windows_seen",
-                    "last_check_norms", "last_ratios", "lr_reference"):
+                    "last_check_norms", "last_ratios", "lr_previous_window", "lr_current_window"):
             setattr(self, key, state[key])
         self.critical = list(state["critical"])
 

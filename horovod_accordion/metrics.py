@@ -1,4 +1,5 @@
-"""What the optimizer reports: bytes on the wire per step, and each layer's level per check."""
+"""What the optimizer reports: bytes on the wire per step, and each layer's level per check,
+as a dict, as JSONL and, optionally, as TensorBoard scalars."""
 
 import json
 
@@ -9,10 +10,13 @@ class CommunicationLog:
     """Per-step traffic and per-check decisions, as a dict and optionally as JSONL.
 
     ``path``: a JSONL file that every record is appended to, or ``None``.
+    ``scalars``: a TensorBoard writer with ``add_scalar(tag, value, step)`` and ``flush()``
+    (``torch.utils.tensorboard.SummaryWriter``, or the TensorFlow adapter's), or ``None``.
     """
 
-    def __init__(self, path=None):
+    def __init__(self, path=None, scalars=None):
         self.path = path
+        self.scalars = scalars
         self.bytes_per_step = []
         self.steps_extra = []
         self.checks = []
@@ -21,12 +25,21 @@ class CommunicationLog:
         self.bytes_per_step.append(int(bytes_sent))
         self.steps_extra.append(extra)
         self._write({"event": "step", "step": step, "bytes_sent": int(bytes_sent), **extra})
+        if self.scalars is not None:
+            self.scalars.add_scalar("accordion/bytes_per_step", int(bytes_sent), step)
 
     def record_check(self, step, window, levels, ratios, norms, **extra):
         record = {"event": "check", "step": step, "window": window, "levels": dict(levels),
                   "ratios": dict(ratios), "norms": dict(norms), **extra}
         self.checks.append(record)
         self._write(record)
+        if self.scalars is not None:
+            for name, level in record["levels"].items():
+                self.scalars.add_scalar(f"accordion/level/{name}", level, step)
+            for name, ratio in record["ratios"].items():
+                if ratio is not None:
+                    self.scalars.add_scalar(f"accordion/ratio/{name}", ratio, step)
+            self.scalars.flush()
 
     def record_decay(self, step, lr, levels):
         """A learning-rate decay event: every layer went to ℓ_low."""

@@ -103,22 +103,64 @@ def test_step_decay_fires_once_per_drop_and_warmup_never_fires():
     assert events == [152, 252]
 
 
-def test_cosine_schedule_does_not_pin_low():
-    """The authors' `lr_next < lr` would fire every epoch of a cosine schedule."""
-    def cosine(epoch):
-        return 0.05 * (1 + math.cos(math.pi * epoch / 300))
+def cosine(epoch, epochs=300):
+    return 0.05 * (1 + math.cos(math.pi * epoch / epochs))
 
-    detector = RegimeDetector(num_layers=1)
-    event_lrs = []
-    levels = []
-    for epoch in range(300):
+
+def test_cosine_schedule_is_left_to_the_norm_rule():
+    """A drop counted from the last event fired 12 times on this schedule and kept ℓ_low for
+    31 of the last 50 epochs; a drop must now happen within one window."""
+    detector = RegimeDetector(num_layers=1, interval=10)
+    events, levels = [], []
+    for epoch in range(300):  # to the last epoch, where the rate falls fastest in relative terms
         if detector.observe_lr(cosine(epoch)):
-            event_lrs.append(cosine(epoch))
+            events.append(epoch)
         levels.append(detector.critical[0])
         detector.end_window([1.0])
-    assert all(later * 2 <= earlier for earlier, later in zip(event_lrs, event_lrs[1:]))
-    assert 0.05 >= event_lrs[0] > 0.045  # the first event is the first halving
-    assert not any(levels[11:150])  # after the first checks, high compression until then
+    assert len(events) <= 2 and all(e >= 295 for e in events), events
+    assert not any(levels[21:295])  # after the first checks, ℓ_high to the end
+
+
+def test_cosine_observed_every_step_fires_only_in_its_last_epochs():
+    """The torch optimizer observes the rate at every step: a per-step cosine must not pin ℓ_low either."""
+    detector = RegimeDetector(num_layers=1, interval=10)
+    events = []
+    for epoch in range(300):
+        for step in range(50):
+            if detector.observe_lr(cosine(epoch + step / 50)):
+                events.append(epoch)
+        detector.end_window([1.0])
+    assert events and min(events) >= 294, events
+
+
+def test_step_decay_observed_every_step_fires_once_per_drop():
+    detector = RegimeDetector(num_layers=1)
+    events = []
+    for epoch in range(300):
+        for step in range(20):
+            if detector.observe_lr(cifar_lr(epoch)):
+                events.append((epoch, step))
+        detector.end_window([1.0])
+    assert events == [(152, 0), (252, 0)]
+
+
+def test_two_halvings_in_consecutive_windows_fire_twice():
+    detector = RegimeDetector(num_layers=1)
+    fired = []
+    for lr in [1.0, 1.0, 0.5, 0.25, 0.25]:
+        fired.append(detector.observe_lr(lr))
+        detector.end_window([1.0])
+    assert fired == [False, False, True, True, False]
+
+
+def test_slow_decay_across_windows_never_fires():
+    """×0.8 per window: a factor 2 over four windows, but never within one."""
+    detector = RegimeDetector(num_layers=1)
+    fired = []
+    for window in range(60):
+        fired.append(detector.observe_lr(0.8 ** window))
+        detector.end_window([1.0])
+    assert not any(fired)
 
 
 def test_linear_warmup_then_linear_decay():

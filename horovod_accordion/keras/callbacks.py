@@ -35,12 +35,15 @@ class AccordionCallback(tf_keras.callbacks.Callback):
 
     Put it after any callback that sets the learning rate (``LearningRateScheduler``,
     Horovod's ``LearningRateWarmupCallback``); it works beside
-    ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``.
+    ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``. With
+    ``tensorboard_dir``, rank 0 writes Accordion's scalars there (bytes per step, each
+    layer's level and ratio per check), beside Keras's own ``TensorBoard`` callback.
     """
 
-    def __init__(self, optimizer=None):
+    def __init__(self, optimizer=None, tensorboard_dir=None):
         super().__init__()
         self._optimizer = optimizer
+        self._tensorboard_dir = tensorboard_dir
 
     @property
     def state(self):
@@ -82,6 +85,9 @@ class AccordionCallback(tf_keras.callbacks.Callback):
         state = self.state
         if state is None:
             return
+        if self._tensorboard_dir is not None:  # the state exists once the first batch has run
+            state.write_tensorboard(self._tensorboard_dir)
+            self._tensorboard_dir = None
         if state.batch_switch is not None:
             state.end_micro_batch()
         else:

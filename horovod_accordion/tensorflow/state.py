@@ -20,6 +20,7 @@ from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.tensorflow.ops import TensorFlowOps
+from horovod_accordion.tensorflow.summary import SummaryScalars
 
 __all__ = ["AccordionState"]
 
@@ -35,7 +36,8 @@ class AccordionState(tf.Module):
         compression: ``Compression.powersgd(low_rank, high_rank)``, ``Compression.topk(...)``,
             or a plain ``Compression.none`` / ``Compression.fp16``.
         op, gradient_predivide_factor, sparse_as_dense, process_set: as in Horovod.
-        eta, interval, window_steps, per_layer, lr_decay_factor, log_path: as in
+        eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm, log_path,
+        tensorboard_dir: as in
             ``horovod_accordion.torch.DistributedOptimizer``. Windows are epochs closed by
             ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
         batch_switch: a ``BatchSwitch``: switch the batch size instead of the compression
@@ -45,8 +47,8 @@ class AccordionState(tf.Module):
 
     def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
-                 window_steps=None, per_layer=True, lr_decay_factor=2.0, log_path=None, batch_switch=None,
-                 name=None):
+                 window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local",
+                 log_path=None, tensorboard_dir=None, batch_switch=None, name=None):
         super().__init__(name=name)
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, 1)
         variables = list(variables)
@@ -66,11 +68,13 @@ class AccordionState(tf.Module):
         self._log = CommunicationLog()
         self._schedule = Accordion(
             names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
-            per_layer=per_layer, lr_decay_factor=lr_decay_factor,
+            per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
+            check_norm=check_norm,
             describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
         _check_same_variables_on_all_ranks(names, variables, compression, process_set)
-        if log_path is not None and process_set.rank() == 0:
+        if process_set.rank() == 0:
             self._log.path = log_path
+            self.write_tensorboard(tensorboard_dir)
         # Tracked by tf.train.Checkpoint through tf.Module's attribute tracking.
         self.reducer_variables = {f"{group}_{i}": holder for group, entries in self._reducer.state().items()
                                   for i, holder in entries.items()}
@@ -188,6 +192,11 @@ class AccordionState(tf.Module):
 
     def _end_window(self):
         self._schedule.close_window(self._reducer, self._ops, self.accumulated)
+
+    def write_tensorboard(self, logdir):
+        """Rank 0 writes Accordion's scalars (bytes per step, levels and ratios per check) to ``logdir``."""
+        if logdir is not None and self._ops.process_set.rank() == 0:
+            self._log.scalars = SummaryScalars(logdir)
 
     def stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""

@@ -55,12 +55,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
         self._lr_factor = 1.0
         log_path = accordion_options.pop("log_path")
+        tensorboard_dir = accordion_options.pop("tensorboard_dir")
         log = CommunicationLog()
         self._accordion = Accordion(self._names, levels, log=log, describe=self._describe_levels,
                                     **accordion_options)
         # Decisions are identical on every rank, so one file from rank 0 is the whole record.
-        if log_path is not None and process_set.rank() == 0:
+        if process_set.rank() == 0:
             log.path = log_path
+            if tensorboard_dir is not None:
+                from torch.utils.tensorboard import SummaryWriter
+                log.scalars = SummaryWriter(tensorboard_dir)
         self._accumulated = [torch.zeros_like(p, dtype=_norm_dtype(p)) for p in self._params] \
             if self._accordion.adaptive else []
         self._synchronized = False
@@ -77,7 +81,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._observe_lr()
         grads = [self._dense_grad(p) for p in self._params]
-        if self._accordion.window_is_check:
+        if self._accordion.window_accumulates:
             for total, grad in zip(self._accumulated, grads):
                 total.add_(grad)
         micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
@@ -251,7 +255,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=hvd.global_process_set, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
-                         lr_decay_factor=2.0, log_path=None, batch_switch=None):
+                         lr_decay_factor=2.0, delta_windows=1, check_norm="local", log_path=None,
+                         tensorboard_dir=None, batch_switch=None):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
@@ -269,7 +274,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         lr_decay_factor: a learning-rate drop to 1/``lr_decay_factor`` of the highest
             rate since the last such drop puts every layer at ℓ_low until the next
             check. ``None`` disables the rule. See ``horovod_accordion.detector``.
+        delta_windows, check_norm: what a check measures; see ``horovod_accordion.accordion.Accordion``.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
+        tensorboard_dir: rank 0 writes TensorBoard scalars there: bytes per step, and each
+            layer's level and ratio at every check (needs the ``tensorboard`` package).
         batch_switch: a :class:`horovod_accordion.batch.BatchSwitch`: switch the batch size
             (1 or m micro-batches per communication, whole-model decision) instead of the
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
@@ -286,6 +294,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
-                             lr_decay_factor=lr_decay_factor, log_path=log_path)
+                             lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
+                             check_norm=check_norm, log_path=log_path, tensorboard_dir=tensorboard_dir)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, accordion_options)

@@ -372,3 +372,29 @@ def check_batch_switch_traffic_lr_and_agreement_follow_the_controller():
     everyone = horovod.allgather_object({"micro": micro_batches, "checks": checks})
     assert everyone[0] == everyone[1], "ranks disagree on the batch size"
     return {"bytes_per_epoch": bytes_per_epoch, "global_batch": [c["global_batch"] for c in checks]}
+
+
+EVERY_COMPRESSION = {
+    "none": Compression.none, "fp16": Compression.fp16,
+    "powersgd static": Compression.powersgd(2), "powersgd adaptive": Compression.powersgd(2, 1),
+    "topk static": Compression.topk(0.1), "topk adaptive": Compression.topk(0.5, 0.1),
+}
+
+
+def check_every_compression_closes_windows_by_epoch_and_by_steps():
+    """A user's loop must not change when they switch compression: the baselines close
+    windows too, as no-ops, and only the adaptive kinds record checks."""
+    for label, compression in EVERY_COMPRESSION.items():
+        for window_steps in (None, 2):
+            model = make_model()
+            optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                 named_parameters=model.named_parameters(),
+                                                 compression=compression, interval=1, window_steps=window_steps)
+            for epoch in range(3):
+                train(model, optimizer, 4)
+                if window_steps is None:
+                    optimizer.end_epoch()
+            assert_same_on_all_ranks(model)
+            checks = [c for c in optimizer.accordion_stats()["checks"] if c["event"] == "check"]
+            adaptive = "adaptive" in label
+            assert len(checks) == ((3 if window_steps is None else 6) if adaptive else 0), (label, window_steps)

@@ -1,0 +1,168 @@
+"""Plots of Accordion runs, from their JSONL logs (matplotlib, PNG).
+
+    python -m horovod_accordion.plot LOG.jsonl -o DIR [--layer NAME]
+
+``LOG.jsonl`` is either a training record (``examples/pytorch_train.py --log``: one line per
+epoch, plus the checks and decays) or an optimizer's own ``log_path`` (steps, checks and
+decays). For one run it draws:
+
+- ``norm.png``: one layer's accumulated-gradient norm at each check, the critical regimes
+  (ℓ_low) shaded and the learning rate on a second axis, as in the paper's Figure 2a;
+- ``levels.png``: a heat map of each layer's level over time;
+- ``accuracy.png``: test accuracy per epoch (training records only).
+
+The study (``benchmarks/study.py``) adds, per setting, the accuracy of every setting of a
+family over epochs with a ±1 std band over seeds, and accuracy against bytes sent.
+"""
+
+import argparse
+import json
+import pathlib
+
+__all__ = ["read_log", "run_figures", "study_figures"]
+
+
+def read_log(path):
+    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _time_axis(records):
+    """Epochs where the log has them (training records), optimizer steps otherwise."""
+    if any(r["event"] == "epoch" for r in records):
+        return "epoch", lambda r: r["epoch"]
+    return "step", lambda r: r["step"]
+
+
+def _varying_layer(checks):
+    names = list(checks[0]["levels"])
+    for name in names:
+        if len({c["levels"][name] for c in checks}) > 1:
+            return name
+    return names[0]
+
+
+def run_figures(log_path, out_dir, layer=None, prefix=""):
+    """The PNGs of one run; returns their paths."""
+    plt = _pyplot()
+    records = read_log(log_path)
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    axis, when = _time_axis(records)
+    checks = [r for r in records if r["event"] == "check"]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    written = []
+    if checks:
+        layer = layer or _varying_layer(checks)
+        if layer not in checks[0]["norms"]:
+            raise ValueError(f"no layer {layer!r} in {log_path}; layers: {sorted(checks[0]['norms'])}")
+        low = max(level for c in checks for level in c["levels"].values())
+        figure, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([when(c) for c in checks], [c["norms"][layer] for c in checks], "o-", label="‖Δ‖ at each check")
+        events = sorted((when(r), r["levels"][layer] == low) for r in records if r["event"] in ("check", "lr_decay"))
+        end = max([when(r) for r in records if axis in r] + [events[-1][0]]) + 1
+        for (start, critical), (stop, _) in zip(events, events[1:] + [(end, None)]):
+            if critical:
+                ax.axvspan(start, stop, color="tab:orange", alpha=0.2, lw=0)
+        ax.set_xlabel(axis)
+        ax.set_ylabel(f"accumulated-gradient norm, {layer}")
+        ax.set_title("critical regimes (shaded: ℓ_low)")
+        lrs = [(when(r), r["lr"]) for r in (epochs or [r for r in records if r["event"] == "lr_decay"])]
+        if lrs:
+            twin = ax.twinx()
+            twin.step(*zip(*lrs), where="post", color="tab:green", label="learning rate")
+            twin.set_ylabel("learning rate")
+            twin.set_yscale("log")
+        written.append(_save(figure, out_dir / f"{prefix}norm.png"))
+
+    timeline = epochs if epochs and epochs[0].get("levels") and None not in epochs[0]["levels"].values() else checks
+    if timeline:
+        names = list(timeline[0]["levels"])
+        grid = [[r["levels"][name] for r in timeline] for name in names]
+        figure, ax = plt.subplots(figsize=(7, 0.5 + 0.35 * len(names)))
+        image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                          extent=(when(timeline[0]) - 0.5, when(timeline[-1]) + 0.5, len(names) - 0.5, -0.5))
+        ax.set_yticks(range(len(names)), names)
+        ax.set_xlabel(axis)
+        figure.colorbar(image, ax=ax, label="level")
+        ax.set_title("level per layer")
+        written.append(_save(figure, out_dir / f"{prefix}levels.png"))
+
+    if epochs:
+        figure, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([r["epoch"] for r in epochs], [r["test_accuracy"] for r in epochs])
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test accuracy (%)")
+        written.append(_save(figure, out_dir / f"{prefix}accuracy.png"))
+    return written
+
+
+def study_figures(summary, curves, out_dir):
+    """Accuracy over epochs per family (mean ± 1 std over seeds, main rows) and accuracy
+    against bytes sent (every row). ``curves``: {"family/setting/variant": [per-seed accuracies]}."""
+    import numpy as np
+
+    plt = _pyplot()
+    out_dir = pathlib.Path(out_dir)
+    written = []
+    for family in dict.fromkeys(r["family"] for r in summary["rows"]):
+        figure, ax = plt.subplots(figsize=(7, 4))
+        for row in summary["rows"]:
+            key = f"{family}/{row['setting']}/default"
+            if row["family"] != family or row["variant"] != "default" or key not in curves:
+                continue
+            runs = np.array(curves[key])
+            mean, std = runs.mean(axis=0), runs.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(runs.shape[1])
+            ax.plot(mean, label=f"{row['setting']} ({len(runs)} seeds)")
+            ax.fill_between(range(len(mean)), mean - std, mean + std, alpha=0.2)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
+        ax.set_title(f"{family}: {summary['dataset']} / {summary['model']}, mean ± 1 std")
+        ax.legend()
+        written.append(_save(figure, out_dir / f"accuracy_{family}.png"))
+
+    figure, ax = plt.subplots(figsize=(7, 5))
+    markers = {"powersgd": "o", "topk": "s", "batch": "^"}
+    for row in summary["rows"]:
+        ax.errorbar(row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"], yerr=row["test_accuracy_std"],
+                    fmt=markers.get(row["family"], "o"), capsize=3,
+                    color="tab:red" if row["setting"] == "accordion" else "tab:blue")
+        label = row["setting"] if row["variant"] == "default" else row["variant"]
+        ax.annotate(f"{row['family']} {label}", (row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"]),
+                    fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("MB sent per rank (log)")
+    ax.set_ylabel("final test accuracy (%), ± 1 std")
+    ax.set_title("accuracy against traffic (red: Accordion)")
+    written.append(_save(figure, out_dir / "accuracy_vs_bytes.png"))
+    return written
+
+
+def _save(figure, path):
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    figure.clf()
+    import matplotlib.pyplot as plt
+    plt.close(figure)
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", help="a run's JSONL log")
+    parser.add_argument("-o", "--out", required=True, help="folder for the PNGs")
+    parser.add_argument("--layer", help="the layer of norm.png (default: the first whose level changes)")
+    args = parser.parse_args(argv)
+    for path in run_figures(args.log, args.out, layer=args.layer):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
