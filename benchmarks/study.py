@@ -114,7 +114,7 @@ def run_once(command, log_path, timeout):
 
 
 def run_study(args, rows):
-    folder = RESULTS / args.setting
+    folder = args.results / args.setting
     config = SETTINGS[args.setting]
     horovodrun = str(pathlib.Path(sys.executable).parent / "horovodrun")
     todo = []
@@ -126,6 +126,7 @@ def run_study(args, rows):
                            "--dataset", config["dataset"], "--model", config["model"], "--epochs", str(args.epochs),
                            "--seed", str(seed), "--no-progress", *row[5]]
                 todo.append((path, command))
+    print(f"{len(todo)} runs to do", flush=True)
     failures = []
     for path, command in tqdm(todo, desc=f"study {args.setting}", unit="run"):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +138,7 @@ def run_study(args, rows):
 def summarize(args, rows, command):
     from horovod_accordion import plot
 
-    folder = RESULTS / args.setting
+    folder = args.results / args.setting
     config = SETTINGS[args.setting]
     summary_rows, curves = [], {}
     for row in rows:
@@ -214,6 +215,7 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run before it is killed")
     parser.add_argument("--summarize-only", action="store_true", help="run nothing; summarize finished runs")
+    parser.add_argument("--results", type=pathlib.Path, default=RESULTS, help="one folder per setting under it")
     return parser.parse_args(argv)
 
 
@@ -224,7 +226,7 @@ def main(argv=None):
     command = shlex.join(["python", "benchmarks/study.py", *(sys.argv[1:] if argv is None else argv)])
     failures = [] if args.summarize_only else run_study(args, rows)
     summary = summarize(args, rows_of(args.setting), command)
-    print(f"{len(summary['rows'])} rows in {RESULTS / args.setting / 'summary.md'}")
+    print(f"{len(summary['rows'])} rows in {args.results / args.setting / 'summary.md'}")
     for failure in failures:
         print(f"run failed, see {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -398,3 +398,77 @@ def check_every_compression_closes_windows_by_epoch_and_by_steps():
             checks = [c for c in optimizer.accordion_stats()["checks"] if c["event"] == "check"]
             adaptive = "adaptive" in label
             assert len(checks) == ((3 if window_steps is None else 6) if adaptive else 0), (label, window_steps)
+
+
+def tensorboard_scalars(logdir):
+    """Every scalar under ``logdir``, read back with TensorBoard's own event reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(logdir)
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def check_tensorboard_scalars_on_rank_zero_only():
+    logdir = os.path.join(tempfile.gettempdir(), f"accordion-tb-{os.getppid()}-{hvd.rank()}")
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(2, 1, min_compression_rate=0),
+                                         interval=1, tensorboard_dir=logdir)
+    for epoch in range(2):
+        train(model, optimizer, 3)
+        optimizer.end_epoch()
+    if hvd.rank() != 0:
+        assert not os.path.exists(logdir)
+        return None
+    scalars = tensorboard_scalars(logdir)
+    stats = optimizer.accordion_stats()
+    assert [v for _, v in scalars["accordion/bytes_per_step"]] == stats["bytes_per_step"]
+    assert [s for s, _ in scalars["accordion/bytes_per_step"]] == list(range(1, 7))
+    for name in stats["levels"]:
+        assert [v for _, v in scalars[f"accordion/level/{name}"]] == [c["levels"][name] for c in stats["checks"]]
+    # the first check has no ratio (nothing to compare with); the second has one per layer
+    second = stats["checks"][1]["ratios"]
+    assert [v for _, v in scalars["accordion/ratio/0.weight"]] == [pytest_approx(second["0.weight"])]
+    return sorted(scalars)
+
+
+def pytest_approx(value):
+    import pytest
+    return pytest.approx(value, rel=1e-6)
+
+
+def check_longer_delta_and_averaged_norm_measure_what_they_say():
+    """delta_windows=2: Δ sums the two windows before each check; check_norm="averaged": the
+    norm of the Δ averaged over ranks, not the mean of the ranks' own squared norms."""
+    compression = Compression.powersgd(2, 1, min_compression_rate=0)
+    for delta_windows, check_norm in ((2, "local"), (1, "averaged"), (2, "averaged")):
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                             named_parameters=model.named_parameters(), compression=compression,
+                                             interval=2, delta_windows=delta_windows, check_norm=check_norm)
+        params = list(model.parameters())
+        sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+        expected_checks = []
+        for window in range(5):  # windows 0, 2 and 4 end in checks
+            for step in range(3):
+                set_rank_gradients(params, 10 * window + step)
+                accumulates = window % 2 == 0 or delta_windows == 2
+                if accumulates:
+                    for total, p in zip(sums, params):
+                        total += p.grad.double()
+                optimizer.step()
+            if window % 2 == 0:
+                micro_batches = 3 * (1 if window == 0 else delta_windows)
+                if check_norm == "averaged":
+                    squared = [horovod.allreduce(s, op=horovod.Average).pow(2).sum() for s in sums]
+                else:
+                    squared = [horovod.allreduce(s.pow(2).sum(), op=horovod.Average) for s in sums]
+                expected_checks.append([float(q.sqrt()) / micro_batches for q in squared])
+                sums = [torch.zeros_like(s) for s in sums]
+            optimizer.end_epoch()
+        checks = [c for c in optimizer.accordion_stats()["checks"] if c["event"] == "check"]
+        assert len(checks) == 3
+        for check, expected in zip(checks, expected_checks):
+            got = list(check["norms"].values())
+            assert got == [pytest_approx(e) for e in expected], (delta_windows, check_norm, got, expected)
