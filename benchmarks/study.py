@@ -126,7 +126,7 @@ def run_study(args, rows):
                            "--dataset", config["dataset"], "--model", config["model"], "--epochs", str(args.epochs),
                            "--seed", str(seed), "--no-progress", *row[5]]
                 todo.append((path, command))
-    print(f"{len(todo)} runs to do", flush=True)
+    print(f"runs to do: {len(todo)}", flush=True)
     failures = []
     for path, command in tqdm(todo, desc=f"study {args.setting}", unit="run"):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,13 @@ import tf_keras  # noqa: E402
 
 import horovod_accordion.keras as hvd  # noqa: E402
 from example_data import digits_shards  # noqa: E402
+from progress import epochs_bar, show  # noqa: E402
+
+COMPRESSIONS = {
+    "accordion-topk": hvd.Compression.topk(0.99, 0.1), "accordion": hvd.Compression.powersgd(2, 1),
+    "none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+    "rank1": hvd.Compression.powersgd(1), "topk": hvd.Compression.topk(0.1),
+}
 
 
 def main():
@@ -27,7 +34,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--decay-epoch", type=int, default=8)
     parser.add_argument("--interval", type=int, default=2)
-    parser.add_argument("--batch-switch", type=int, metavar="M", help="switch the batch size, not TopK")
+    parser.add_argument("--compression", choices=sorted(COMPRESSIONS), default="accordion-topk")
+    parser.add_argument("--batch-switch", type=int, metavar="M", help="switch the batch size, not the compression")
     args = parser.parse_args()
 
     hvd.init()
@@ -39,19 +47,29 @@ def main():
     if args.batch_switch:
         accordion = dict(batch_switch=hvd.BatchSwitch(small_batch=args.batch_size, multiplier=args.batch_switch))
     else:
-        accordion = dict(compression=hvd.Compression.topk(0.99, 0.1))
+        accordion = dict(compression=COMPRESSIONS[args.compression])
     optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
                                          interval=args.interval, **accordion)
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
+    # Compression.none and fp16 give Horovod's own optimizer, which has no Accordion state.
+    state = (lambda: optimizer.accordion_state) if hasattr(type(optimizer), "accordion_state") else (lambda: None)
+    bar = epochs_bar(args.epochs, hvd.rank())
+
     class PrintLevels(tf_keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
+            bar.update()
+            if state() is None:
+                show(bar, logs["loss"])
+                bar.write(f"[rank {hvd.rank()}] epoch {epoch}: loss {logs['loss']:.4f}")
+                return
+            show(bar, logs["loss"], state().stats()["total_bytes_sent"], state().levels)
             if hvd.rank() == 0:
                 levels = "  ".join(f"{name.split('/')[-2]}={level:g}"  # biases are never compressed
-                                   for name, level in optimizer.accordion_state.levels.items() if "kernel" in name)
-                what = "micro-batches per step" if args.batch_switch else "kept fraction per layer"
-                print(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  {what}: {levels}", flush=True)
+                                   for name, level in state().levels.items() if "kernel" in name)
+                what = "micro-batches per step" if args.batch_switch else "level per layer"
+                bar.write(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  {what}: {levels}")
 
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -61,11 +79,11 @@ def main():
         PrintLevels(),
     ]
     model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, callbacks=callbacks, verbose=0)
+    bar.close()
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    stats = optimizer.accordion_state.stats()
     if hvd.rank() == 0:
-        print(f"[rank 0] test accuracy {accuracy:.3f}; bytes sent per rank {stats['total_bytes_sent']} "
-              f"over {stats['steps']} steps", flush=True)
+        traffic = "" if state() is None else f"; bytes sent per rank {state().stats()['total_bytes_sent']}"
+        print(f"[rank 0] test accuracy {accuracy:.3f}{traffic}", flush=True)
 
 
 if __name__ == "__main__":

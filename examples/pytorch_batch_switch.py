@@ -14,6 +14,7 @@ import torch
 
 import horovod_accordion.torch as hvd
 from example_data import digits_shards
+from progress import epochs_bar, show
 
 
 def parse_args():
@@ -52,14 +53,18 @@ def main():
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=args.decay_epochs, gamma=0.1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-    for epoch in range(args.epochs):
+    bar = epochs_bar(args.epochs, hvd.rank(), desc=args.mode)
+    for epoch in bar:
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
         for start in range(0, len(order), micro_batch):
             batch = order[start:start + micro_batch]
             optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch]).backward()
+            loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss.backward()
             optimizer.step()
         scheduler.step()
+        stats = optimizer.accordion_stats()
+        show(bar, loss.item(), stats["total_bytes_sent"], {"micro-batches": optimizer.micro_batches_per_step})
         if args.mode == "accordion":
             optimizer.end_epoch()
             check = optimizer.accordion_stats()["checks"][-1]

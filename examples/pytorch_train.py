@@ -134,6 +134,7 @@ def main(args):
             loss.backward()
             optimizer.step()
             loss_sum += torch.tensor([loss.item() * len(batch), len(batch)])
+        levels = optimizer.accordion_stats()["levels"]  # in force this epoch; the check below sets the next
         scheduler.step()
         optimizer.end_epoch()
         seconds += time.perf_counter() - started
@@ -148,11 +149,11 @@ def main(args):
         record = {"event": "epoch", "epoch": epoch, "test_accuracy": round(accuracy, 2),
                   "loss": round(float(loss_sum[0] / loss_sum[1]), 5),
                   "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
-                  "levels": stats["levels"], "global_batch": global_batch}
+                  "levels": levels, "global_batch": global_batch}
         write(record)
         bar.set_postfix(loss=record["loss"], acc=record["test_accuracy"],
                         MB=round(record["bytes_sent_per_rank"] / 1e6, 2),
-                        levels=",".join(str(level) for level in stats["levels"].values()))
+                        levels=",".join(str(level) for level in levels.values()))
     write({"event": "done", "test_accuracy": record["test_accuracy"],
            "bytes_sent_per_rank": record["bytes_sent_per_rank"], "wall_time_s": record["wall_time_s"]})
     if log:

@@ -15,6 +15,7 @@ import tf_keras  # noqa: E402
 
 import horovod_accordion.tensorflow as hvd  # noqa: E402
 from example_data import digits_shards  # noqa: E402
+from progress import epochs_bar, show  # noqa: E402
 
 
 def main():
@@ -52,15 +53,17 @@ def main():
         return loss
 
     hvd.broadcast_variables(model.variables, root_rank=0)
-    for epoch in range(args.epochs):
+    bar = epochs_bar(args.epochs, hvd.rank())
+    for epoch in bar:
         if epoch == args.decay_epoch:
             optimizer.learning_rate.assign(optimizer.learning_rate * 0.1)
         accordion.observe_lr(float(optimizer.learning_rate))
         losses = [float(train_step(x, y)) for x, y in dataset]
         accordion.end_epoch()
         levels = " ".join(str(level) for level in accordion.levels.values())
-        print(f"[rank {hvd.rank()}] epoch {epoch}: loss {sum(losses) / len(losses):.4f}  "
-              f"PowerSGD rank per variable: {levels}", flush=True)
+        show(bar, sum(losses) / len(losses), accordion.stats()["total_bytes_sent"], accordion.levels)
+        bar.write(f"[rank {hvd.rank()}] epoch {epoch}: loss {sum(losses) / len(losses):.4f}  "
+                  f"PowerSGD rank per variable: {levels}")
     accuracy = float(tf.reduce_mean(tf.cast(tf.argmax(model(x_test), 1) == y_test, tf.float32)))
     stats = accordion.stats()
     print(f"[rank {hvd.rank()}] test accuracy {accuracy:.3f}; traced {traces} time(s); "

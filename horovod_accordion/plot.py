@@ -65,7 +65,11 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
         low = max(level for c in checks for level in c["levels"].values())
         figure, ax = plt.subplots(figsize=(7, 4))
         ax.plot([when(c) for c in checks], [c["norms"][layer] for c in checks], "o-", label="‖Δ‖ at each check")
-        events = sorted((when(r), r["levels"][layer] == low) for r in records if r["event"] in ("check", "lr_decay"))
+        # Training starts critical. A check closes its epoch and rules from the next one; a
+        # decay event rules from its own epoch (or step).
+        start_of = {("epoch", "check"): 1}
+        events = sorted([(0, True)] + [(when(r) + start_of.get((axis, r["event"]), 0), r["levels"][layer] == low)
+                                       for r in records if r["event"] in ("check", "lr_decay")])
         end = max([when(r) for r in records if axis in r] + [events[-1][0]]) + 1
         for (start, critical), (stop, _) in zip(events, events[1:] + [(end, None)]):
             if critical:

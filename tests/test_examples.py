@@ -27,6 +27,18 @@ def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels():
         assert len(losses) == 4 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert "LR decay to" in output, output
+    # the closing comparison with static ℓ_low, from the demo's own runs
+    assert re.search(r"accordion: test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output
+    assert re.search(r"static ℓ_low \(rank 2\): test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output
+    assert re.search(r"accordion sent 0\.\d\dx the bytes of static ℓ_low, at [+-]\d+\.\d points", output), output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "topk", "accordion-topk"])
+def test_pytorch_demo_with_every_compression(compression):
+    output = run_example("pytorch_demo.py", "--epochs", "3", "--compression", compression)
+    assert f"{compression}: test accuracy" in output, output
+    assert ("static ℓ_low (TopK 0.99)" in output) == (compression == "accordion-topk"), output
 
 
 @pytest.mark.multiworker
@@ -39,7 +51,15 @@ def test_batch_switch_example_reports_traffic():
 @pytest.mark.multiworker
 def test_keras_fit_example():
     output = run_example("keras_fit.py", "--epochs", "3")
-    assert output.count("kept fraction per layer") == 3 and "test accuracy" in output, output
+    assert output.count("level per layer: dense=0.99") == 1 and "test accuracy" in output, output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "accordion"])
+def test_keras_fit_example_with_every_compression(compression):
+    output = run_example("keras_fit.py", "--epochs", "3", "--compression", compression)
+    assert "test accuracy" in output, output
+    assert ("level per layer" in output) == (compression not in ("none", "fp16")), output
 
 
 @pytest.mark.multiworker

@@ -1,0 +1,89 @@
+"""The study runner and the plot command, as a user runs them (the study itself is a benchmark)."""
+import json
+import pathlib
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+
+RECORDED = REPO / "tests" / "data" / "powersgd_accordion_run.jsonl"
+
+
+def png_size(path):
+    header = pathlib.Path(path).read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_plot_command_on_a_recorded_training_log(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "horovod_accordion.plot", str(RECORDED), "-o", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    written = sorted(pathlib.Path(line).name for line in result.stdout.split())
+    assert written == ["accuracy.png", "levels.png", "norm.png"]
+    for name in written:
+        width, height = png_size(tmp_path / name)
+        assert width > 300 and height > 100
+
+
+def test_plot_command_on_an_optimizer_log_and_a_named_layer(tmp_path):
+    """An optimizer's own log_path has steps, checks and decays but no epochs."""
+    records = [json.loads(line) for line in RECORDED.read_text().splitlines()]
+    log = tmp_path / "optimizer.jsonl"
+    log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "epoch"}) + "\n"
+                           for r in records if r["event"] in ("check", "lr_decay")))
+    result = subprocess.run([sys.executable, "-m", "horovod_accordion.plot", str(log), "-o", str(tmp_path / "out"),
+                             "--layer", "4.weight"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["levels.png", "norm.png"]
+    bad = subprocess.run([sys.executable, "-m", "horovod_accordion.plot", str(log), "-o", str(tmp_path / "bad"),
+                          "--layer", "nope"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "no layer 'nope'" in bad.stderr
+
+
+@pytest.mark.multiworker
+def test_study_smoke_summarizes_and_resumes(tmp_path):
+    """One epoch, two ranks, one seed: the summary in its documented shape, then no rerun of a
+    finished run, and a rerun of one whose record is incomplete."""
+    command = [sys.executable, "benchmarks/study.py", "--setting", "mnist1d-cnn1d", "--rows", "powersgd/*/default",
+               "--seeds", "0", "--workers", "2", "--epochs", "1", "--results", str(tmp_path), "--timeout", "300"]
+
+    def study():
+        result = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result.stdout
+
+    assert "runs to do: 4" in study()
+    folder = tmp_path / "mnist1d-cnn1d"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary) == {"command", "dataset", "model", "workers", "epochs", "rows"}
+    assert (summary["dataset"], summary["model"], summary["workers"], summary["epochs"]) == ("mnist1d", "cnn1d", 2, 1)
+    rows = {row["setting"]: row for row in summary["rows"]}
+    assert sorted(rows) == ["accordion", "high", "low", "uncompressed"]
+    for row in rows.values():
+        assert row["family"] == "powersgd" and row["variant"] == "default" and row["seeds"] == [0]
+        assert 0 < row["test_accuracy_mean"] <= 100 and row["test_accuracy_std"] == 0
+    assert rows["low"]["levels"] == [4, 4] and rows["accordion"]["levels"] == [4, 1]
+    assert rows["uncompressed"]["bytes_per_rank_mean"] > rows["low"]["bytes_per_rank_mean"] \
+        > rows["high"]["bytes_per_rank_mean"]
+    assert rows["low"]["bytes_vs_low"] == 1.0
+    record = [json.loads(line) for line in (folder / "runs" / "powersgd-accordion" / "seed0.jsonl").open()]
+    epoch = next(r for r in record if r["event"] == "epoch")
+    assert {"test_accuracy", "loss", "bytes_sent_per_rank", "wall_time_s", "lr", "levels"} <= set(epoch)
+    markdown = (folder / "summary.md").read_text()
+    assert "| powersgd | accordion | default | 4/1 | 1 |" in markdown
+    for png in ("accuracy_powersgd.png", "accuracy_vs_bytes.png", "powersgd-accordion-norm.png"):
+        png_size(folder / png)
+        assert f"]({png})" in markdown
+
+    finished = folder / "runs" / "powersgd-high" / "seed0.jsonl"
+    stamp = finished.stat().st_mtime_ns
+    assert "runs to do: 0" in study()
+    assert finished.stat().st_mtime_ns == stamp
+    lines = finished.read_text().splitlines()
+    finished.write_text("\n".join(lines[:-1]) + "\n")  # as if the job died before its last line
+    assert "runs to do: 1" in study()
+    assert json.loads(finished.read_text().splitlines()[-1])["event"] == "done"
