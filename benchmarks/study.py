@@ -1,6 +1,7 @@
 """Accordion's accuracy-versus-traffic study: real ``horovodrun`` jobs, one per setting × seed.
 
-    python benchmarks/study.py --setting mnist1d-cnn1d --seeds 0 1 2 3 4
+    python benchmarks/study.py --dataset mnist1d --model cnn1d --seeds 0 1 2 3 4
+    python benchmarks/study.py --dataset cifar10 --data-dir /data --model cnn2d --seeds 0 1 2
 
 Each run is ``examples/pytorch_train.py`` on ``--workers`` Gloo ranks; its per-epoch JSONL
 record goes to ``benchmarks/results/study/SETTING/runs/ROW/seedK.jsonl``. A run whose
@@ -27,14 +28,6 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "study"
 TRAIN = REPO / "examples" / "pytorch_train.py"
 
-# The study's settings: dataset, model, and each family's (ℓ_low, ℓ_high).
-SETTINGS = {
-    "mnist1d-cnn1d": {"dataset": "mnist1d", "model": "cnn1d",
-                      "powersgd": (4, 1), "topk": (0.5, 0.1), "batch": (1, 4)},
-    "mnist1d-cnn1d-wide": {"dataset": "mnist1d", "model": "cnn1d-wide",
-                           "powersgd": (4, 1), "topk": (0.5, 0.1), "batch": (1, 4)},
-}
-
 LEVERS = {  # variant name: the extra arguments of the Accordion row
     "interval=1": ["--interval", "1"],
     "interval=4": ["--interval", "4"],
@@ -44,10 +37,10 @@ LEVERS = {  # variant name: the extra arguments of the Accordion row
 }
 
 
-def rows_of(setting):
+def rows_of(args):
     """Every row of a setting: (family, setting, variant, levels, run name, train arguments).
     Rows with the same arguments share their runs (uncompressed is every family's reference)."""
-    config = SETTINGS[setting]
+    config = {"powersgd": args.powersgd_levels, "topk": args.topk_levels, "batch": (1, args.batch_multiplier)}
     uncompressed = ("uncompressed", ["--compression", "none"])
     rows = []
     for family in ("powersgd", "topk"):
@@ -115,7 +108,6 @@ def run_once(command, log_path, timeout):
 
 def run_study(args, rows):
     folder = args.results / args.setting
-    config = SETTINGS[args.setting]
     horovodrun = str(pathlib.Path(sys.executable).parent / "horovodrun")
     todo = []
     for seed in args.seeds:  # seed-major, so a study stopped early has every row at the same seeds
@@ -123,7 +115,8 @@ def run_study(args, rows):
             path = folder / "runs" / row[4] / f"seed{seed}.jsonl"
             if path not in [p for p, _ in todo] and not finished(path):
                 command = [horovodrun, "-np", str(args.workers), "--gloo", sys.executable, str(TRAIN),
-                           "--dataset", config["dataset"], "--model", config["model"], "--epochs", str(args.epochs),
+                           "--dataset", args.dataset, "--model", args.model, "--epochs", str(args.epochs),
+                           *(["--data-dir", args.data_dir] if args.data_dir else []),
                            "--seed", str(seed), "--no-progress", *row[5]]
                 todo.append((path, command))
     print(f"runs to do: {len(todo)}", flush=True)
@@ -136,10 +129,17 @@ def run_study(args, rows):
 
 
 def summarize(args, rows, command):
+    """Summarize every finished run of the setting. ``command`` is recorded with those of the
+    earlier invocations whose runs the summary holds (``commands.txt``)."""
     from horovod_accordion import plot
 
     folder = args.results / args.setting
-    config = SETTINGS[args.setting]
+    folder.mkdir(parents=True, exist_ok=True)
+    history = folder / "commands.txt"
+    commands = history.read_text().splitlines() if history.exists() else []
+    if command not in commands:
+        commands.append(command)
+        history.write_text("\n".join(commands) + "\n")
     summary_rows, curves = [], {}
     for row in rows:
         family, setting, variant, levels, run, _ = row
@@ -165,7 +165,7 @@ def summarize(args, rows, command):
     for r in summary_rows:
         r["bytes_vs_low"] = round(r["bytes_per_rank_mean"] / reference[r["family"]], 3) \
             if r["family"] in reference else None
-    summary = {"command": command, "dataset": config["dataset"], "model": config["model"],
+    summary = {"command": " && ".join(commands), "dataset": args.dataset, "model": args.model,
                "workers": args.workers, "epochs": args.epochs, "rows": summary_rows}
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     pngs = plot.study_figures(summary, curves, folder)
@@ -208,7 +208,13 @@ def _std(values):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=sorted(SETTINGS), default="mnist1d-cnn1d")
+    parser.add_argument("--dataset", default="mnist1d", help="as examples/pytorch_train.py takes it")
+    parser.add_argument("--model", default="cnn1d", help="as examples/pytorch_train.py takes it")
+    parser.add_argument("--data-dir", help="for cifar10: the folder holding cifar-10-batches-py")
+    parser.add_argument("--setting", help="shorthand for DATASET-MODEL, e.g. mnist1d-cnn1d-wide")
+    parser.add_argument("--powersgd-levels", type=int, nargs=2, default=(4, 1), metavar=("LOW", "HIGH"))
+    parser.add_argument("--topk-levels", type=float, nargs=2, default=(0.5, 0.1), metavar=("LOW", "HIGH"))
+    parser.add_argument("--batch-multiplier", type=int, default=4, help="the large batch, in small batches")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--rows", nargs="+", default=["*"], help="family/setting/variant patterns")
     parser.add_argument("--workers", type=int, default=4)
@@ -216,16 +222,20 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run before it is killed")
     parser.add_argument("--summarize-only", action="store_true", help="run nothing; summarize finished runs")
     parser.add_argument("--results", type=pathlib.Path, default=RESULTS, help="one folder per setting under it")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.setting:
+        args.dataset, args.model = args.setting.split("-", 1)
+    args.setting = f"{args.dataset}-{args.model}"  # the results folder
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    rows = [row for row in rows_of(args.setting)
+    rows = [row for row in rows_of(args)
             if any(fnmatch.fnmatch(row_name(row), pattern) for pattern in args.rows)]
     command = shlex.join(["python", "benchmarks/study.py", *(sys.argv[1:] if argv is None else argv)])
     failures = [] if args.summarize_only else run_study(args, rows)
-    summary = summarize(args, rows_of(args.setting), command)
+    summary = summarize(args, rows_of(args), command)
     print(f"{len(summary['rows'])} rows in {args.results / args.setting / 'summary.md'}")
     for failure in failures:
         print(f"run failed, see {failure}", file=sys.stderr)
