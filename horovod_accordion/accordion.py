@@ -112,6 +112,12 @@ class Accordion:
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
 
+    def accumulate(self, ops, accumulated, grads):
+        """Add this step's local gradients to Δ. A layer whose gradient is not finite this step
+        (an overflow that a GradScaler will skip) is left out, so Δ and the next check stay finite."""
+        for total, grad in zip(accumulated, grads):
+            ops.add_to(total, ops.finite_or(grad, ops.zeros_like(grad)))
+
     def close_window(self, reducer, ops, accumulated):
         """Close a window for an adapter: at a check, reduce each layer's squared norm of
         its ``accumulated`` gradient Δ over ranks (see ``check_norm``), decide, give

@@ -82,6 +82,10 @@ class PowerSGDReducer:
     Two collectives per step, whatever the number of layers; the authors' release made
     two blocking calls per layer, which is why their PowerSGD speedups were 1.03–1.14×.
 
+    A layer whose M or result is not finite this step (an fp16 overflow under AMP, on any
+    rank) keeps its memory and Q as they were: the step's output is still non-finite, so a
+    ``GradScaler`` sees it and skips the step, and the next steps start from clean state.
+
     State, one entry per compressed layer:
     - ``memory``: M − out. Kept across rank switches, as the authors do, so no gradient
       signal is lost when the level changes.
@@ -131,9 +135,9 @@ class PowerSGDReducer:
         for i, m, p, q in zip(self.compressed, matrices, ps, qs):
             approximation = ops.matmul(p, ops.transpose(q))
             if self.config.use_error_feedback:
-                ops.assign(self.memory[i], m - approximation)
+                ops.assign(self.memory[i], ops.finite_or(m - approximation, ops.read(self.memory[i])))
             if self.config.warm_start:
-                ops.assign_leading_columns(self.q[i], q)
+                ops.assign_leading_columns(self.q[i], ops.finite_or(q, ops.leading_columns(self.q[i], self.ranks[i])))
             outputs[i] = ops.like(approximation, grads[i])
         return outputs
 
@@ -151,7 +155,9 @@ class TopKReducer:
         out = (Σ_workers scatter(idx_w, val_w)) / W       averaged (the release summed)
 
     The values (as fp32 bits) and indices (int32) of all layers go into one int32 buffer
-    and one allgather; the uncompressed 1-D tensors go into one allreduce.
+    and one allgather; the uncompressed 1-D tensors go into one allreduce. A layer whose M or
+    average is not finite this step (on any rank) keeps its residual as it was on every
+    rank, as a skipped step should: its non-finite values still reach the output.
     """
 
     def __init__(self, shapes, config, ops):
@@ -171,27 +177,28 @@ class TopKReducer:
     def reduce(self, grads):
         ops = self.ops
         outputs = [None] * len(grads)
-        flats, counts, payload = [], [], []
+        flats, counts, unsent, payload = [], [], [], []
         for i in self.compressed:
             m = ops.as_matrix(grads[i], (-1,))
             if self.config.use_error_feedback:
                 m = m + ops.read(self.residual[i])
-                ops.assign(self.residual[i], m)
             k = ops.kept_count(self.fractions[i], m)
             indices = ops.top_abs_indices(m, k)
-            if self.config.use_error_feedback:
-                ops.zero_at(self.residual[i], indices)
             flats.append(m)
             counts.append(k)
+            unsent.append(ops.zeroed_at(m, indices))
             payload += [ops.float_bits(ops.gather(m, indices)), indices]
         if payload:
             gathered = ops.allgather(ops.concat(payload), "accordion.topk")
             offset = 0
-            for i, m, k in zip(self.compressed, flats, counts):
+            for i, m, k, rest in zip(self.compressed, flats, counts, unsent):
                 values = ops.bits_float(ops.columns(gathered, offset, offset + k))
                 indices = ops.columns(gathered, offset + k, offset + 2 * k)
                 offset = offset + 2 * k
-                outputs[i] = ops.like(ops.scatter_mean(m, indices, values), grads[i])
+                average = ops.scatter_mean(m, indices, values)
+                if self.config.use_error_feedback:
+                    ops.assign(self.residual[i], ops.finite_or(rest, ops.read(self.residual[i]), also=average))
+                outputs[i] = ops.like(average, grads[i])
         dense = fused_allreduce_mean(ops, [grads[i] for i in self.uncompressed], "accordion.topk.dense")
         for i, value in zip(self.uncompressed, dense):
             outputs[i] = value

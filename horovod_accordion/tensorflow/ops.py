@@ -73,8 +73,21 @@ class TensorFlowOps:
     def gather(self, m, indices):
         return tf.gather(m, indices)
 
-    def zero_at(self, state, indices):
-        state.scatter_nd_update(indices[:, None], tf.zeros(tf.shape(indices), tf.float32))
+    def zeroed_at(self, m, indices):
+        return tf.tensor_scatter_nd_update(m, indices[:, None], tf.zeros(tf.shape(indices), m.dtype))
+
+    def finite_or(self, value, fallback, also=None):
+        """``value`` if all of it (and of ``also``) is finite, else ``fallback``; in the graph."""
+        finite = tf.reduce_all(tf.math.is_finite(value))
+        if also is not None:
+            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(also)))
+        return tf.where(finite, value, fallback)
+
+    def add_to(self, total, value):
+        total.assign_add(tf.cast(value, total.dtype))
+
+    def zeros_like(self, value):
+        return tf.zeros_like(value)
 
     def float_bits(self, values):
         return tf.bitcast(values, tf.int32)

@@ -110,8 +110,7 @@ class AccordionState(tf.Module):
         """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
         sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
-        for total, grad in zip(self.accumulated, grads):
-            total.assign_add(tf.cast(grad, tf.float32))
+        self._schedule.accumulate(self._ops, self.accumulated, grads)
         self.steps.assign_add(1)
         if micro_batches is not None:
             grads = [g / tf.cast(micro_batches, g.dtype) for g in grads]

@@ -81,8 +81,22 @@ class TorchOps:
     def gather(self, m, indices):
         return m[indices.long()]
 
-    def zero_at(self, state, indices):
-        state[indices.long()] = 0
+    def zeroed_at(self, m, indices):
+        return m.index_fill(0, indices.long(), 0)
+
+    def finite_or(self, value, fallback, also=None):
+        """``value`` if all of it (and of ``also``) is finite, else ``fallback``; decided on the
+        device, with no host sync."""
+        finite = torch.isfinite(value).all()
+        if also is not None:
+            finite = finite & torch.isfinite(also).all()
+        return torch.where(finite, value, fallback)
+
+    def add_to(self, total, value):
+        total.add_(value)
+
+    def zeros_like(self, value):
+        return torch.zeros_like(value)
 
     def float_bits(self, values):
         return values.view(torch.int32)

@@ -82,8 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._observe_lr()
         grads = [self._dense_grad(p) for p in self._params]
         if self._accordion.window_accumulates:
-            for total, grad in zip(self._accumulated, grads):
-                total.add_(grad)
+            self._accordion.accumulate(self._ops, self._accumulated, grads)
         micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
         if self._micro_batches and micro_batches > 1:
             grads = [g / micro_batches for g in grads]  # the mean over the large batch

@@ -369,3 +369,24 @@ def check_keras_tensorboard_scalars_from_the_callback():
     expected = [pytest.approx(c["levels"][name], rel=1e-6) for c in stats["checks"]]  # stored as fp32
     assert [v for _, v in values[f"accordion/level/{name}"]] == expected
     return sorted(values)
+
+
+def check_a_non_finite_gradient_leaves_tensorflow_state_clean():
+    """As on torch: one inf on rank 1 at step 1 leaves layer 0's memory, Q or residual as it
+    was on every rank, that step's layer-0 average is non-finite, and later steps are finite."""
+    for make in (lambda ops: PowerSGDReducer(SHAPES, hvd.Compression.powersgd(2, 1, min_compression_rate=0), ops),
+                 lambda ops: TopKReducer(SHAPES, hvd.Compression.topk(0.5, 0.1), ops)):
+        reducer = make(TensorFlowOps())
+        for step in range(4):
+            grads = rank_gradients(step)
+            if step == 1 and hvd.rank() == 1:
+                grads[0][0, 0] = np.inf
+            before = {(g, i): v.numpy().copy() for g, e in reducer.state().items() for i, v in e.items()}
+            outputs = [o.numpy() for o in reducer.reduce([tf.constant(g) for g in grads])]
+            finite = [bool(np.isfinite(o).all()) for o in outputs]
+            assert finite == ([False, True, True, True] if step == 1 else [True] * 4), (step, finite)
+            if step == 1:
+                for (group, layer), value in before.items():
+                    if layer == 0:
+                        now = reducer.state()[group][layer].numpy()
+                        assert np.array_equal(now, value), (group, layer)

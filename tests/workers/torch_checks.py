@@ -472,3 +472,69 @@ def check_longer_delta_and_averaged_norm_measure_what_they_say():
         for check, expected in zip(checks, expected_checks):
             got = list(check["norms"].values())
             assert got == [pytest_approx(e) for e in expected], (delta_windows, check_norm, got, expected)
+
+
+def compression_state(optimizer):
+    """Each state tensor of the reducer (memory, Q, residual), copied, by (group, layer)."""
+    return {(group, i): t.clone() for group, entries in optimizer._reducer.state().items()
+            for i, t in entries.items() if isinstance(t, torch.Tensor)}
+
+
+def check_a_non_finite_gradient_leaves_that_layers_state_and_delta_clean():
+    """One inf on rank 1 at step 1: that step's average is non-finite (so a scaler skips it),
+    the layer's memory, Q or residual stay as they were, the other layers move on, Δ leaves
+    the step out, and every later step is finite again."""
+    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1)):
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                             named_parameters=model.named_parameters(), compression=compression)
+        params = list(model.parameters())
+        finite, delta = [], torch.zeros_like(params[0])
+        for step in range(4):
+            set_rank_gradients(params, step)
+            if step == 1 and hvd.rank() == 1:
+                params[0].grad[0, 0] = float("inf")
+            else:
+                delta += params[0].grad
+            before = compression_state(optimizer)
+            optimizer.synchronize()
+            finite.append([bool(torch.isfinite(p.grad).all()) for p in params])
+            after = compression_state(optimizer)
+            if step == 1:
+                for (group, layer), tensor in after.items():
+                    if layer == 0:
+                        assert torch.equal(tensor, before[(group, layer)]), (compression, group)
+                assert any(not torch.equal(t, before[key]) for key, t in after.items() if key[1] != 0), compression
+            optimizer.zero_grad()
+            optimizer._synchronized = False  # synchronize() without step(): nothing is applied here
+        assert finite[1][0] is False and all(finite[1][1:]) and all(all(f) for f in finite[:1] + finite[2:]), finite
+        assert torch.isfinite(optimizer._accumulated[0]).all()
+        assert torch.allclose(optimizer._accumulated[0], delta, atol=1e-6, rtol=0)
+
+
+def check_amp_recipe_with_grad_scaler_skips_the_overflow_on_both_ranks():
+    """Horovod's AMP recipe (synchronize, unscale_, skip_synchronize, step) with an overflow on
+    one rank only: both ranks skip that step and train on to the same parameters."""
+    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1)):
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                             named_parameters=model.named_parameters(), compression=compression)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        snapshots = []
+        for step in range(5):
+            x, y = rank_batch(step)
+            optimizer.zero_grad()
+            scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+            if step == 2 and hvd.rank() == 1:
+                model[0].weight.grad[0, 0] = float("inf")
+            optimizer.synchronize()
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+            scaler.update()
+            snapshots.append([p.detach().clone() for p in model.parameters()])
+            assert all(torch.isfinite(p).all() for p in model.parameters()), (compression, step)
+        assert scaler.get_scale() == 2.0 ** 7  # halved once, for the one skipped step
+        assert all(torch.equal(a, b) for a, b in zip(snapshots[1], snapshots[2])), "step 2 was applied"
+        assert not torch.equal(snapshots[3][0], snapshots[2][0]) and not torch.equal(snapshots[4][0], snapshots[3][0])
+        assert_same_on_all_ranks(model)
