@@ -87,13 +87,18 @@ class Accordion:
         """Only the last ``delta_windows`` windows before a check need their gradients in Δ."""
         return self.adaptive and -self.detector.windows_seen % self.detector.interval < self.delta_windows
 
+    @property
+    def window_empties_delta(self):
+        """Δ starts again after a check, and after any window that feeds no check."""
+        return self.window_is_check or not self.window_accumulates
+
     def end_window(self, mean_squared_norms=None, **log_extra):
         """Close the window; at a check, with each layer's squared norm of the accumulated
         gradient, averaged over ranks. Norms are divided by the micro-batches in Δ, so a
         change in batch size or window length alone does not look like a regime change.
         """
         scale = max(self.micro_batches_accumulated, 1)
-        if self.window_is_check or not self.window_accumulates:
+        if self.window_empties_delta:
             self.micro_batches_accumulated = 0
         if not self.adaptive:
             return False  # a fixed level: the user's loop closes windows all the same, for nothing
@@ -123,7 +128,7 @@ class Accordion:
         its ``accumulated`` gradient Δ over ranks (see ``check_norm``), decide, give
         ``reducer`` the new levels and empty Δ; a window that does not feed the next
         check empties it too."""
-        empty = self.window_is_check or not self.window_accumulates
+        empty = self.window_empties_delta
         if self.window_is_check:
             if self.check_norm == "local":
                 squared = ops.allreduce_flat_mean(ops.squared_norms(accumulated), "accordion.norms")
