@@ -51,7 +51,7 @@ def test_batch_switch_example_reports_traffic():
 @pytest.mark.multiworker
 def test_keras_fit_example():
     output = run_example("keras_fit.py", "--epochs", "3")
-    assert output.count("level per layer: dense=0.99") == 1 and "test accuracy" in output, output
+    assert output.count("level per layer: dense=0.99") == 3 and "test accuracy" in output, output
 
 
 @pytest.mark.multiworker

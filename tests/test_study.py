@@ -61,8 +61,11 @@ def test_study_smoke_summarizes_and_resumes(tmp_path):
     summary = json.loads((folder / "summary.json").read_text())
     assert set(summary) == {"command", "dataset", "model", "workers", "epochs", "rows"}
     assert (summary["dataset"], summary["model"], summary["workers"], summary["epochs"]) == ("mnist1d", "cnn1d", 2, 1)
-    rows = {row["setting"]: row for row in summary["rows"]}
+    rows = {row["setting"]: row for row in summary["rows"] if row["family"] == "powersgd"}
     assert sorted(rows) == ["accordion", "high", "low", "uncompressed"]
+    # the uncompressed run is every family's reference: the other families list it too
+    shared = [(r["family"], r["setting"]) for r in summary["rows"] if r["family"] != "powersgd"]
+    assert shared == [("topk", "uncompressed"), ("batch", "small")], shared
     for row in rows.values():
         assert row["family"] == "powersgd" and row["variant"] == "default" and row["seeds"] == [0]
         assert 0 < row["test_accuracy_mean"] <= 100 and row["test_accuracy_std"] == 0
