@@ -132,16 +132,25 @@ def study_figures(summary, curves, out_dir):
         ax.legend()
         written.append(_save(figure, out_dir / f"accuracy_{family}.png"))
 
+    from matplotlib.ticker import FuncFormatter
+
     figure, ax = plt.subplots(figsize=(7, 5))
     markers = {"powersgd": "o", "topk": "s", "batch": "^"}
+    drawn = set()
     for row in summary["rows"]:
+        point = (row["bytes_per_rank_mean"], row["test_accuracy_mean"], row["test_accuracy_std"])
+        if point in drawn:  # a run shared by several families (uncompressed): one point, one label
+            continue
+        drawn.add(point)
         ax.errorbar(row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"], yerr=row["test_accuracy_std"],
                     fmt=markers.get(row["family"], "o"), capsize=3,
                     color="tab:red" if row["setting"] == "accordion" else "tab:blue")
         label = row["setting"] if row["variant"] == "default" else row["variant"]
-        ax.annotate(f"{row['family']} {label}", (row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"]),
+        ax.annotate(label if row["setting"] in ("uncompressed", "small") else f"{row['family']} {label}", (row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"]),
                     fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
+    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("MB sent per rank (log)")
     ax.set_ylabel("final test accuracy (%), ± 1 std")
     ax.set_title("accuracy against traffic (red: Accordion)")
