@@ -137,7 +137,7 @@ def summarize(args, rows, command):
     folder.mkdir(parents=True, exist_ok=True)
     history = folder / "commands.txt"
     commands = history.read_text().splitlines() if history.exists() else []
-    if command not in commands:
+    if command not in commands and not args.summarize_only:
         commands.append(command)
         history.write_text("\n".join(commands) + "\n")
     summary_rows, curves = [], {}
