@@ -2,7 +2,7 @@
 
     python -m horovod_accordion.plot LOG.jsonl -o DIR [--layer NAME]
 
-``LOG.jsonl`` is either a training record (``examples/pytorch_train.py --log``: one line per
+``LOG.jsonl`` is either a training record (``examples/pytorch_train.py --record``: one line per
 epoch, plus the checks and decays) or an optimizer's own ``log_path`` (steps, checks and
 decays). For one run it draws:
 
