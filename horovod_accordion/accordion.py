@@ -6,6 +6,7 @@ norms across ranks and call ``end_window`` with the result.
 """
 
 import math
+import warnings
 
 from horovod_accordion.detector import RegimeDetector
 from horovod_accordion.metrics import CommunicationLog
@@ -30,14 +31,16 @@ class Accordion:
             norm of its own Δ, one scalar per layer on the wire. ``"averaged"``: the norm of
             the Δ averaged over ranks, which is the norm of the gradient the model actually
             followed, for one dense allreduce of the model per check.
+        verify_levels: a debugging aid: at every check, gather each rank's levels and raise on
+            every rank if any differ (one small allgather per check).
         log: a :class:`CommunicationLog`.
         describe: a function of the new levels that returns extra fields for each check
             record (the batch variant logs the batch size in force).
     """
 
     def __init__(self, layer_names, levels, eta=0.5, interval=10, window_steps=None,
-                 per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", log=None,
-                 describe=None):
+                 per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=False,
+                 log=None, describe=None):
         if window_steps is not None and (int(window_steps) != window_steps or window_steps < 1):
             raise ValueError(f"window_steps must be a positive integer or None (epochs), got {window_steps!r}")
         if isinstance(delta_windows, bool) or not isinstance(delta_windows, int) or not 1 <= delta_windows <= interval:
@@ -49,6 +52,7 @@ class Accordion:
         self.window_steps = window_steps
         self.delta_windows = delta_windows
         self.check_norm = check_norm
+        self.verify_levels = verify_levels
         self.detector = RegimeDetector(len(self.layer_names), eta=eta, interval=interval,
                                        per_layer=per_layer, lr_decay_factor=lr_decay_factor)
         self.log = log if log is not None else CommunicationLog()
@@ -123,11 +127,17 @@ class Accordion:
         for total, grad in zip(accumulated, grads):
             ops.add_to(total, ops.finite_or(grad, ops.zeros_like(grad)))
 
-    def close_window(self, reducer, ops, accumulated):
+    def count_non_finite(self, ops, counts, grads):
+        """Add 1 to ``counts[k]`` for each layer k whose gradient is not finite this step; read
+        once per window, so the step itself never waits on the device."""
+        if grads:
+            ops.add_to(counts, ops.non_finite_flags(grads))
+
+    def close_window(self, reducer, ops, accumulated, non_finite_counts=None):
         """Close a window for an adapter: at a check, reduce each layer's squared norm of
         its ``accumulated`` gradient Δ over ranks (see ``check_norm``), decide, give
         ``reducer`` the new levels and empty Δ; a window that does not feed the next
-        check empties it too."""
+        check empties it too. Warns about the layers with non-finite gradients in the window."""
         empty = self.window_empties_delta
         if self.window_is_check:
             if self.check_norm == "local":
@@ -136,11 +146,36 @@ class Accordion:
                 squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "accordion.delta"))
             if self.end_window(ops.to_floats(squared), bytes_sent=ops.take_bytes_sent()):
                 reducer.set_levels(self.levels)
+            if self.verify_levels:
+                self._verify_same_levels(ops)
         else:
             self.end_window()
         if empty:
             for total in accumulated:
                 ops.zero(total)
+        if non_finite_counts is not None:
+            self._warn_non_finite(ops.to_floats(ops.read(non_finite_counts)), ops.rank())
+            ops.zero(non_finite_counts)
+
+    def _warn_non_finite(self, counts, rank):
+        layers = [f"{name!r} ({int(n)} steps)" for name, n in zip(self.layer_names, counts) if n > 0]
+        if layers:
+            warnings.warn(
+                f"rank {rank}: non-finite gradients in the window that ended at step {self.step}: "
+                f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
+                f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
+
+    def _verify_same_levels(self, ops):
+        """All ranks see the same gathered rows, so they all raise or none does."""
+        mine = [float(level) for level in self.levels] + [float(self.step), float(self.detector.windows_seen)]
+        rows = ops.to_floats(ops.allgather(ops.from_floats(mine), "accordion.verify_levels"))
+        if any(row != rows[0] for row in rows):
+            ranks = [r for r, row in enumerate(rows) if row != rows[0]]
+            layers = sorted({self.layer_names[k] for row in rows for k in range(len(self.layer_names))
+                             if row[k] != rows[0][k]})
+            raise RuntimeError(
+                f"verify_levels: after the check at step {self.step}, rank(s) {ranks} of this process set "
+                f"differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
 
     def state_dict(self):
         return {"detector": self.detector.state_dict(), "step": self.step,

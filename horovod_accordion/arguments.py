@@ -1,7 +1,7 @@
 """Checks shared by every adapter: Horovod's optimizer arguments, and the cross-rank
 consistency of what will be exchanged. Pure Python; the adapters run the collectives."""
 
-__all__ = ["check_optimizer_arguments", "check_same_on_all_ranks", "exchange_signature"]
+__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_on_all_ranks", "exchange_signature"]
 
 
 def check_optimizer_arguments(op_name, gradient_predivide_factor, backward_passes_per_step):
@@ -16,6 +16,16 @@ def check_optimizer_arguments(op_name, gradient_predivide_factor, backward_passe
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
     if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+
+
+def check_real_floating(names, dtypes, is_real_floating):
+    """Gradients are averaged, compressed and checked for finiteness as real floats; an
+    integer or complex tensor would be cast and lose its meaning silently."""
+    bad = [f"{name!r} ({dtype})" for name, dtype, ok in zip(names, dtypes, is_real_floating) if not ok]
+    if bad:
+        raise TypeError(f"horovod_accordion averages real floating-point gradients only; these parameters are "
+                        f"not: {', '.join(bad)}. Freeze them (requires_grad=False / trainable=False) or keep "
+                        f"them out of the optimizer.")
 
 
 def exchange_signature(names, shapes, dtypes, compression):

@@ -100,3 +100,11 @@ class MicroBatchCounter:
         self._level = micro_batches
         return {"micro_batches": micro_batches,
                 "lr_factor": self.switch.lr_factor(micro_batches, self._steps_at_level)}
+
+    def state_dict(self):
+        """A large batch in progress: how many of its micro-batches are already accumulated,
+        and where the LR warm-up stands."""
+        return {"pending": self.pending, "level": self._level, "steps_at_level": self._steps_at_level}
+
+    def load_state_dict(self, state):
+        self.pending, self._level, self._steps_at_level = state["pending"], state["level"], state["steps_at_level"]

@@ -7,6 +7,8 @@ same algorithm and a fix is made once. See ``horovod_accordion/torch/ops.py`` an
 ``horovod_accordion/tensorflow/ops.py`` for the two backends.
 """
 
+import warnings
+
 import numpy as np
 
 from horovod_accordion.compression import clamped_rank, is_matrix, matrix_shape, powersgd_compresses
@@ -54,6 +56,8 @@ def fused_allreduce_mean(ops, tensors, name, compression=None):
 class DenseReducer:
     """A plain Horovod compressor (none, fp16): one fused allreduce, no levels."""
 
+    per_rank = ()
+
     def __init__(self, shapes, compression, ops):
         self.compression = compression
         self.ops = ops
@@ -95,7 +99,12 @@ class PowerSGDReducer:
       never written back: every step projects on the initial random Q.
     - ``ranks``: each layer's current rank, a framework level holder (a tf.Variable in
       TensorFlow, so that a switch does not retrace the step).
+
+    Q and the ranks are identical on every rank; the memory is each rank's own
+    (``per_rank``): a broadcast must not overwrite it.
     """
+
+    per_rank = ("memory",)
 
     def __init__(self, shapes, config, ops):
         self.config = config
@@ -110,6 +119,11 @@ class PowerSGDReducer:
             self.memory[i] = ops.state(np.zeros((n, m)), f"powersgd_memory_{i}")
             self.q[i] = ops.state(initial_query(config.seed, i, m, width), f"powersgd_q_{i}")
             self.ranks[i] = ops.level(width, f"powersgd_rank_{i}")
+        clamped = sorted({self.shapes[i] for i in self.compressed if clamped_rank(config.low_rank, self.shapes[i])
+                          < config.low_rank})
+        if clamped:
+            warnings.warn(f"PowerSGD rank {config.low_rank} exceeds min(n, m) of the layers of shapes {clamped}: "
+                          f"they use rank min(n, m), which is exact (no compression)")
 
     def set_levels(self, levels):
         for i in self.compressed:
@@ -158,13 +172,17 @@ class TopKReducer:
     and one allgather; the uncompressed 1-D tensors go into one allreduce. A layer whose M or
     average is not finite this step (on any rank) keeps its residual as it was on every
     rank, as a skipped step should: its non-finite values still reach the output.
+
+    The residuals are each rank's own (``per_rank``); the fractions are shared.
     """
+
+    per_rank = ("residual",)
 
     def __init__(self, shapes, config, ops):
         self.config = config
         self.ops = ops
         self.shapes = [tuple(s) for s in shapes]
-        self.compressed = [i for i, s in enumerate(self.shapes) if is_matrix(s)]
+        self.compressed = [i for i, s in enumerate(self.shapes) if is_matrix(s) and np.prod(s) > 0]
         self.uncompressed = [i for i in range(len(self.shapes)) if i not in set(self.compressed)]
         self.residual = {i: ops.state(np.zeros(int(np.prod(self.shapes[i]))), f"topk_residual_{i}")
                          for i in self.compressed}

@@ -9,3 +9,10 @@ from tests.conftest import CONTROLLERS, check_names
 @pytest.mark.parametrize("check", check_names("torch_checks"))
 def test_torch(launches, controller, check):
     launches("torch_checks", controller).check(check)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("check", check_names("torch_reliability_checks"))
+def test_torch_reliability(launches, controller, check):
+    launches("torch_reliability_checks", controller).check(check)

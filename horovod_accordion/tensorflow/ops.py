@@ -108,12 +108,22 @@ class TensorFlowOps:
     def squared_norms(self, tensors):
         return tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float64))) for t in tensors])
 
+    def non_finite_flags(self, tensors):
+        return tf.stack([tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(t))), tf.float32)
+                         for t in tensors])
+
     def to_floats(self, tensor):
         return tensor.numpy().tolist()
+
+    def from_floats(self, values):
+        return tf.constant(values, tf.float64)
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):
         return self.process_set.size()
+
+    def rank(self):
+        return self.process_set.rank()
 
     def wire_dtype(self, tensor):
         return _WIRE_DTYPES.get(tensor.dtype, tensor.dtype).name

@@ -25,6 +25,12 @@ class _AccordionOptimizer:
             return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
         # Batch switching: accumulate every micro-batch; communicate and apply only when
         # begin_micro_batch decided this one completes the step (identically on every rank).
+        if not state.micro_batches_driven:
+            raise RuntimeError(
+                "batch_switch decides before each micro-batch whether it completes a step, and nothing did: "
+                "add horovod_accordion.keras.AccordionCallback() to fit()'s callbacks. In a custom loop, "
+                "create the state with optimizer.accordion_state_for(variables) and call its "
+                "begin_micro_batch(lr) before, and end_micro_batch() after, every micro-batch.")
         _build_weights(self, variables)
         learning_rate = _learning_rate_variable(self)
         state.add_micro_batch(grads)
@@ -90,8 +96,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0,
-                         delta_windows=1, check_norm="local", log_path=None, tensorboard_dir=None,
-                         batch_switch=None):
+                         delta_windows=1, check_norm="local", verify_levels=False, log_path=None,
+                         tensorboard_dir=None, batch_switch=None):
     """Wrap a tf_keras ``optimizer`` so that ``apply_gradients`` averages over ranks.
 
     The arguments up to ``scale_local_gradients`` are Horovod's, with its defaults.
@@ -115,7 +121,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     options = dict(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                    sparse_as_dense=sparse_as_dense, process_set=process_set, eta=eta, interval=interval,
                    window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor,
-                   delta_windows=delta_windows, check_norm=check_norm, tensorboard_dir=tensorboard_dir,
+                   delta_windows=delta_windows, check_norm=check_norm, verify_levels=verify_levels,
+                   tensorboard_dir=tensorboard_dir,
                    log_path=log_path, batch_switch=batch_switch)
     methods = {k: v for k, v in _AccordionOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)

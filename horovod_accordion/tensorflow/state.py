@@ -15,7 +15,8 @@ import horovod.tensorflow as hvd
 from horovod.tensorflow.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
-from horovod_accordion.arguments import check_optimizer_arguments, check_same_on_all_ranks, exchange_signature
+from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
+                                        exchange_signature)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
@@ -36,8 +37,8 @@ class AccordionState(tf.Module):
         compression: ``Compression.powersgd(low_rank, high_rank)``, ``Compression.topk(...)``,
             or a plain ``Compression.none`` / ``Compression.fp16``.
         op, gradient_predivide_factor, sparse_as_dense, process_set: as in Horovod.
-        eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm, log_path,
-        tensorboard_dir: as in
+        eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm, verify_levels,
+        log_path, tensorboard_dir: as in
             ``horovod_accordion.torch.DistributedOptimizer``. Windows are epochs closed by
             ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
         batch_switch: a ``BatchSwitch``: switch the batch size instead of the compression
@@ -48,12 +49,13 @@ class AccordionState(tf.Module):
     def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
                  window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local",
-                 log_path=None, tensorboard_dir=None, batch_switch=None, name=None):
+                 verify_levels=False, log_path=None, tensorboard_dir=None, batch_switch=None, name=None):
         super().__init__(name=name)
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, 1)
         variables = list(variables)
         names = [v.name for v in variables]
         shapes = [tuple(v.shape) for v in variables]
+        check_real_floating(names, [v.dtype.name for v in variables], [v.dtype.is_floating for v in variables])
         self._op = op
         self._sparse_as_dense = sparse_as_dense
         self._shapes = shapes
@@ -69,7 +71,7 @@ class AccordionState(tf.Module):
         self._schedule = Accordion(
             names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
-            check_norm=check_norm,
+            check_norm=check_norm, verify_levels=verify_levels,
             describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
         _check_same_variables_on_all_ranks(names, variables, compression, process_set)
         if process_set.rank() == 0:
@@ -80,17 +82,20 @@ class AccordionState(tf.Module):
                                   for i, holder in entries.items()}
         self.accumulated = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"accumulated_{k}")
                             for k, shape in enumerate(shapes)] if self._schedule.adaptive else []
+        self.non_finite_counts = tf.Variable(tf.zeros(len(shapes)), trainable=False, name="non_finite_counts") \
+            if self._schedule.adaptive else None
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
-        self._synced_json = self._dump()
-        self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
         if batch_switch is not None:
             self._counter = MicroBatchCounter(batch_switch)
             self._step_record = None
+            self.micro_batches_driven = False  # whether anything calls begin_micro_batch
             self.pending = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"pending_{k}")
                             for k, shape in enumerate(shapes)]
             self.apply_now = tf.Variable(False, trainable=False, name="apply_now")
             self.pending_count = tf.Variable(1.0, trainable=False, name="pending_count")
             self.lr_factor = tf.Variable(1.0, trainable=False, name="lr_factor")
+        self._synced_json = self._dump()
+        self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
 
     @property
     def window_steps(self):
@@ -110,6 +115,8 @@ class AccordionState(tf.Module):
         """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
         sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
+        if self._schedule.adaptive:
+            self._schedule.count_non_finite(self._ops, self.non_finite_counts, grads)
         self._schedule.accumulate(self._ops, self.accumulated, grads)
         self.steps.assign_add(1)
         if micro_batches is not None:
@@ -147,9 +154,11 @@ class AccordionState(tf.Module):
     def begin_micro_batch(self, lr):
         """Before each micro-batch: observe the LR, and decide whether this micro-batch
         completes a step (``apply_now``), with how many micro-batches and which LR factor."""
+        self.micro_batches_driven = True
         self.observe_lr(lr)
-        complete = self._counter.add(self.micro_batches_per_step)
-        self._step_record = self._counter.complete_step() if complete else None
+        with self._python_state():  # the count of a large batch in progress is checkpointed
+            complete = self._counter.add(self.micro_batches_per_step)
+            self._step_record = self._counter.complete_step() if complete else None
         self.apply_now.assign(complete)
         if complete:
             self.pending_count.assign(float(self._step_record["micro_batches"]))
@@ -190,7 +199,7 @@ class AccordionState(tf.Module):
             self._end_window()
 
     def _end_window(self):
-        self._schedule.close_window(self._reducer, self._ops, self.accumulated)
+        self._schedule.close_window(self._reducer, self._ops, self.accumulated, self.non_finite_counts)
 
     def write_tensorboard(self, logdir):
         """Rank 0 writes Accordion's scalars (bytes per step, levels and ratios per check) to ``logdir``."""
@@ -207,12 +216,19 @@ class AccordionState(tf.Module):
         return _MirroredPythonState(self)
 
     def _dump(self):
-        return json.dumps(self._schedule.state_dict())
+        return json.dumps({"schedule": self._schedule.state_dict(),
+                           "micro_batches": self._counter.state_dict() if self.batch_switch else None})
+
+    def _load(self, text):
+        saved = json.loads(text)
+        self._schedule.load_state_dict(saved["schedule"])
+        if self.batch_switch is not None:
+            self._counter.load_state_dict(saved["micro_batches"])
 
 
 class _MirroredPythonState:
-    """Loads the schedule from its variable if a checkpoint restore changed it, and
-    writes it back when an eager update changed it."""
+    """Loads the schedule and the micro-batch count from their variable if a checkpoint
+    restore changed it, and writes it back when an eager update changed it."""
 
     def __init__(self, state):
         self.state = state
@@ -220,7 +236,7 @@ class _MirroredPythonState:
     def __enter__(self):
         saved = self.state.schedule_json.numpy().decode()
         if saved != self.state._synced_json:
-            self.state._schedule.load_state_dict(json.loads(saved))
+            self.state._load(saved)
             self.state._synced_json = saved
 
     def __exit__(self, *exc_info):

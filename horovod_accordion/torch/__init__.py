@@ -1,11 +1,12 @@
 """Accordion for PyTorch: ``import horovod_accordion.torch as hvd`` in place of ``horovod.torch``.
 
-Everything of ``horovod.torch`` is re-exported; ``DistributedOptimizer`` and
-``Compression`` are replaced by Accordion's, with the same arguments and defaults.
+Everything of ``horovod.torch`` is re-exported; ``DistributedOptimizer``, ``Compression``
+and ``broadcast_optimizer_state`` are replaced by Accordion's, with the same arguments and
+defaults.
 """
 from horovod.torch import *  # noqa: F401,F403 - the one-import-line drop-in
 from horovod.torch import init, rank, size, local_rank, Average, Sum  # noqa: F401
 
 from horovod_accordion.torch.compression import Compression, FP16Compressor, NoneCompressor  # noqa: F401
-from horovod_accordion.torch.optimizer import DistributedOptimizer  # noqa: F401
+from horovod_accordion.torch.optimizer import DistributedOptimizer, broadcast_optimizer_state  # noqa: F401
 from horovod_accordion.batch import BatchSwitch  # noqa: F401

@@ -117,12 +117,21 @@ class TorchOps:
     def squared_norms(self, tensors):
         return torch.stack([t.double().pow(2).sum() for t in tensors])
 
+    def non_finite_flags(self, tensors):
+        return torch.stack([~torch.isfinite(t).all() for t in tensors]).to(torch.float32)
+
     def to_floats(self, tensor):
         return tensor.tolist()
+
+    def from_floats(self, values):
+        return torch.tensor(values, dtype=torch.float64, device=self.device)
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):
         return self.process_set.size()
+
+    def rank(self):
+        return self.process_set.rank()
 
     def wire_dtype(self, tensor):
         return str(_WIRE_DTYPES.get(tensor.dtype, tensor.dtype)).replace("torch.", "")

@@ -14,6 +14,7 @@ choice), averages them, communicates once and applies the step with a scaled LR.
 """
 
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -21,14 +22,15 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
-from horovod_accordion.arguments import check_optimizer_arguments, check_same_on_all_ranks, exchange_signature
+from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
+                                        exchange_signature)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "broadcast_optimizer_state"]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -39,6 +41,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         names = _parameter_names(self.param_groups, named_parameters)
         self._names = [names[p] for p in self._params]
+        check_real_floating(self._names, [p.dtype for p in self._params],
+                            [p.is_floating_point() for p in self._params])
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.sparse_as_dense = sparse_as_dense
@@ -57,7 +61,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         log_path = accordion_options.pop("log_path")
         tensorboard_dir = accordion_options.pop("tensorboard_dir")
         log = CommunicationLog()
-        self._accordion = Accordion(self._names, levels, log=log, describe=self._describe_levels,
+        # describe must not hold the optimizer: the exit warning below keeps the Accordion alive.
+        describe = None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size())
+        self._accordion = Accordion(self._names, levels, log=log, describe=describe,
                                     **accordion_options)
         # Decisions are identical on every rank, so one file from rank 0 is the whole record.
         if process_set.rank() == 0:
@@ -67,6 +73,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 log.scalars = SummaryWriter(tensorboard_dir)
         self._accumulated = [torch.zeros_like(p, dtype=_norm_dtype(p)) for p in self._params] \
             if self._accordion.adaptive else []
+        self._non_finite_counts = torch.zeros(len(self._params), device=self._ops.device) \
+            if self._accordion.adaptive else None
+        if self._accordion.adaptive and self._accordion.window_steps is None:
+            weakref.finalize(self, _warn_if_no_window_closed, self._accordion)
         self._synchronized = False
         self._should_synchronize = True
         _check_same_parameters_on_all_ranks(self._names, self._params, compression, process_set)
@@ -81,6 +91,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._observe_lr()
         grads = [self._dense_grad(p) for p in self._params]
+        if self._accordion.adaptive:
+            self._accordion.count_non_finite(self._ops, self._non_finite_counts, grads)
         if self._accordion.window_accumulates:
             self._accordion.accumulate(self._ops, self._accumulated, grads)
         micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
@@ -132,16 +144,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._end_window()
 
     def _end_window(self):
-        self._accordion.close_window(self._reducer, self._ops, self._accumulated)
+        self._accordion.close_window(self._reducer, self._ops, self._accumulated, self._non_finite_counts)
 
     @property
     def micro_batches_per_step(self):
         """How many micro-batches (``step()`` calls) make one communication now."""
         return self._accordion.levels[0] if self._batch_switch is not None else 1
-
-    def _describe_levels(self, levels):
-        """Extra fields of each check record: in batch mode, the batch size in force."""
-        return {} if self._batch_switch is None else self._batch_switch.describe(levels, self._ops.size())
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
@@ -190,24 +198,107 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).zero_grad(set_to_none)
 
     def state_dict(self):
+        """The wrapped optimizer's state, plus Accordion's. ``accordion["per_rank"]`` holds what
+        is this rank's own (error-feedback memory, TopK residuals, the window's Δ, the
+        gradients of a large batch in progress): save one file per rank to resume exactly."""
         state = super(self.__class__, self).state_dict()
+        groups = self._reducer.state()
+        pending = self._micro_batches is not None and self._micro_batches.pending > 0
         state["accordion"] = {
             "schedule": self._accordion.state_dict(),
-            "reducer": self._ops.export_state(self._reducer.state()),
-            "accumulated": [t.clone() for t in self._accumulated],
+            "reducer": self._ops.export_state({g: e for g, e in groups.items() if g not in self._reducer.per_rank}),
+            "micro_batches": self._micro_batches.state_dict() if self._micro_batches else None,
+            "per_rank": {
+                "rank": self._ops.process_set.rank(), "size": self._ops.size(),
+                "reducer": self._ops.export_state({g: e for g, e in groups.items() if g in self._reducer.per_rank}),
+                "accumulated": [t.clone() for t in self._accumulated],
+                "gradients": [None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
+            },
         }
         return state
 
     def load_state_dict(self, state_dict):
+        """Restore a ``state_dict()``. The per-rank part is restored only on the rank, and in
+        the world size, that saved it; elsewhere it restarts from zero, with a warning (the
+        usual "rank 0 saves one file" checkpoint): the shared state still resumes exactly."""
         state_dict = dict(state_dict)
         accordion_state = state_dict.pop("accordion", None)
         super(self.__class__, self).load_state_dict(state_dict)
         if accordion_state is not None:
-            self._accordion.load_state_dict(accordion_state["schedule"])
-            self._ops.import_state(self._reducer.state(), accordion_state["reducer"])
-            for total, saved in zip(self._accumulated, accordion_state["accumulated"]):
-                total.copy_(saved)
+            self._load_accordion_state(accordion_state)
         self._synchronized = False
+
+    def _load_accordion_state(self, saved):
+        groups = self._reducer.state()
+        shared = {g: e for g, e in groups.items() if g not in self._reducer.per_rank}
+        if set(saved["reducer"]) != set(shared):
+            raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
+                             f"optimizer's {sorted(shared)}: it was saved with another compression")
+        self._accordion.load_state_dict(saved["schedule"])
+        self._ops.import_state(shared, saved["reducer"])
+        if (saved["micro_batches"] is None) != (self._micro_batches is None):
+            raise ValueError("the checkpoint was saved with batch_switch and this optimizer has none, or the "
+                             "reverse")
+        if self._micro_batches:
+            self._micro_batches.load_state_dict(saved["micro_batches"])
+        own, here = saved["per_rank"], (self._ops.process_set.rank(), self._ops.size())
+        if (own["rank"], own["size"]) != here:
+            warnings.warn(
+                f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
+                f"large batch in progress) is rank {own['rank']}'s of {own['size']}, not this rank's "
+                f"({here[0]} of {here[1]}): it restarts from zero here. Save one state_dict per rank to "
+                f"resume exactly.")
+            own = _zeroed(self._ops, {g: e for g, e in groups.items() if g in self._reducer.per_rank},
+                          self._accumulated)
+        self._ops.import_state({g: e for g, e in groups.items() if g in self._reducer.per_rank}, own["reducer"])
+        for total, saved_total in zip(self._accumulated, own["accumulated"]):
+            total.copy_(saved_total)
+        if own["gradients"] is not None:
+            for p, grad in zip(self._params, own["gradients"]):
+                p.grad = None if grad is None else grad.to(p.device)
+
+
+def _zeroed(ops, per_rank_groups, accumulated):
+    """A per-rank state part of zeros: what a rank that never trained holds."""
+    exported = ops.export_state(per_rank_groups)
+    return {"reducer": {g: {i: v.zero_() for i, v in e.items()} for g, e in exported.items()},
+            "accumulated": [torch.zeros_like(t) for t in accumulated], "gradients": None}
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """``hvd.broadcast_optimizer_state`` for Accordion's optimizer, and Horovod's for any other.
+
+    Every rank takes ``root_rank``'s state: the wrapped optimizer's (momentum, LR), the
+    levels, the detector, Q and the step counters. Each rank keeps its own error-feedback
+    memory, TopK residuals and window Δ, which are per rank by nature. Unlike Horovod's,
+    it never calls ``step()`` on a fresh optimizer (no phantom update of the
+    compression state), and it makes one broadcast whatever each rank has loaded, so
+    "rank 0 loads the checkpoint, then broadcast" cannot hang.
+    """
+    if type(optimizer).__module__ != __name__:  # how Horovod recognises its own optimizer
+        return hvd.broadcast_optimizer_state(optimizer, root_rank, model=model)
+    process_set = optimizer.process_set
+    if not process_set.included():
+        return None
+    shared = None
+    if hvd.rank() == root_rank:
+        shared = optimizer.state_dict()
+        shared["accordion"] = dict(shared["accordion"], per_rank=None)
+    shared = hvd.broadcast_object(shared, root_rank=root_rank, name="accordion.optimizer_state",
+                                  process_set=process_set)
+    own = optimizer.state_dict()["accordion"]["per_rank"]
+    shared["accordion"]["per_rank"] = own
+    optimizer.load_state_dict(shared)
+    return None
+
+
+def _warn_if_no_window_closed(accordion):
+    """At exit (or when the optimizer is collected): the misuse is certain only once training is over."""
+    if accordion.step > 0 and accordion.detector.windows_seen == 0:
+        warnings.warn(
+            f"Accordion ran {accordion.step} steps and never closed a detection window, so every layer "
+            f"stayed at ℓ_low ({accordion.low}): call optimizer.end_epoch() at the end of every epoch, or "
+            f"pass window_steps=N", RuntimeWarning)
 
 
 def _norm_dtype(p):
@@ -254,8 +345,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=hvd.global_process_set, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
-                         lr_decay_factor=2.0, delta_windows=1, check_norm="local", log_path=None,
-                         tensorboard_dir=None, batch_switch=None):
+                         lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=False,
+                         log_path=None, tensorboard_dir=None, batch_switch=None):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
@@ -274,6 +365,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             rate since the last such drop puts every layer at ℓ_low until the next
             check. ``None`` disables the rule. See ``horovod_accordion.detector``.
         delta_windows, check_norm: what a check measures; see ``horovod_accordion.accordion.Accordion``.
+        verify_levels: debugging: at every check, compare the levels of all ranks and raise
+            on every rank if they differ.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
         tensorboard_dir: rank 0 writes TensorBoard scalars there: bytes per step, and each
             layer's level and ratio at every check (needs the ``tensorboard`` package).
@@ -294,6 +387,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                              lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
-                             check_norm=check_norm, log_path=log_path, tensorboard_dir=tensorboard_dir)
+                             check_norm=check_norm, verify_levels=verify_levels, log_path=log_path,
+                             tensorboard_dir=tensorboard_dir)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, accordion_options)
