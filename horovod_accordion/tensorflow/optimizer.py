@@ -20,6 +20,17 @@ class _AccordionOptimizer:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads, variables = zip(*list(grads_and_vars))
         state = self.accordion_state_for(variables)
+        if state.backward_passes_per_step > 1:
+            # As Horovod: sum locally, and exchange and apply on every n-th call only.
+            _build_weights(self, variables)
+            state.add_micro_batch(grads)
+
+            def apply_aggregated():
+                averaged = state.reduce_pending()
+                super(self.__class__, self).apply_gradients(zip(averaged, variables), *args, **kwargs)
+                return tf.constant(True)
+
+            return tf.cond(state.count_backward_pass(), apply_aggregated, lambda: tf.constant(False))
         if state.batch_switch is None:
             grads = state.reduce(list(grads))
             return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
@@ -116,14 +127,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
             process_set=process_set, scale_local_gradients=scale_local_gradients)
-    if backward_passes_per_step != 1:
-        raise ValueError("backward_passes_per_step > 1 is not supported with Accordion's TensorFlow compressors")
     options = dict(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                    sparse_as_dense=sparse_as_dense, process_set=process_set, eta=eta, interval=interval,
                    window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor,
                    delta_windows=delta_windows, check_norm=check_norm, verify_levels=verify_levels,
                    tensorboard_dir=tensorboard_dir,
-                   log_path=log_path, batch_switch=batch_switch)
+                   log_path=log_path, batch_switch=batch_switch, backward_passes_per_step=backward_passes_per_step,
+                   average_aggregated_gradients=average_aggregated_gradients)
     methods = {k: v for k, v in _AccordionOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())

@@ -41,6 +41,10 @@ class AccordionState(tf.Module):
         log_path, tensorboard_dir: as in
             ``horovod_accordion.torch.DistributedOptimizer``. Windows are epochs closed by
             ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
+        backward_passes_per_step, average_aggregated_gradients: as in Horovod's Keras optimizer:
+            gradients are summed (or averaged) locally over this many ``apply_gradients``
+            calls, with ``add_micro_batch``, and exchanged once, by ``reduce_pending``, when
+            ``count_backward_pass`` says the step is complete.
         batch_switch: a ``BatchSwitch``: switch the batch size instead of the compression
             level. Micro-batches are added with ``add_micro_batch`` and reduced together by
             ``reduce_pending`` when ``apply_now`` (set by ``begin_micro_batch``) is true.
@@ -49,9 +53,13 @@ class AccordionState(tf.Module):
     def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
                  window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local",
-                 verify_levels=False, log_path=None, tensorboard_dir=None, batch_switch=None, name=None):
+                 verify_levels=False, log_path=None, tensorboard_dir=None, batch_switch=None,
+                 backward_passes_per_step=1, average_aggregated_gradients=False, name=None):
         super().__init__(name=name)
-        check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, 1)
+        check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, backward_passes_per_step)
+        if batch_switch is not None and backward_passes_per_step != 1:
+            raise ValueError("batch_switch accumulates micro-batches itself: leave backward_passes_per_step at 1")
+        self.backward_passes_per_step = backward_passes_per_step
         variables = list(variables)
         names = [v.name for v in variables]
         shapes = [tuple(v.shape) for v in variables]
@@ -89,11 +97,16 @@ class AccordionState(tf.Module):
             self._counter = MicroBatchCounter(batch_switch)
             self._step_record = None
             self.micro_batches_driven = False  # whether anything calls begin_micro_batch
+            self.apply_now = tf.Variable(False, trainable=False, name="apply_now")
+            self.lr_factor = tf.Variable(1.0, trainable=False, name="lr_factor")
+        if batch_switch is not None or backward_passes_per_step > 1:
             self.pending = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"pending_{k}")
                             for k, shape in enumerate(shapes)]
-            self.apply_now = tf.Variable(False, trainable=False, name="apply_now")
-            self.pending_count = tf.Variable(1.0, trainable=False, name="pending_count")
-            self.lr_factor = tf.Variable(1.0, trainable=False, name="lr_factor")
+            # What the pending sum is divided by: the micro-batches of a batch switch, or
+            # Horovod's average_aggregated_gradients rule.
+            divisor = backward_passes_per_step if average_aggregated_gradients else 1
+            self.pending_count = tf.Variable(float(divisor), trainable=False, name="pending_count")
+            self.passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="backward_passes")
         self._synced_json = self._dump()
         self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
 
@@ -142,6 +155,13 @@ class AccordionState(tf.Module):
         for total, grad, shape in zip(self.pending, grads, self._shapes):
             total.assign_add(tf.cast(self._dense(grad, shape), tf.float32))
 
+    def count_backward_pass(self):
+        """Count one ``apply_gradients`` call; whether it completes the step. Graph-safe."""
+        self.passes.assign_add(1)
+        complete = self.passes >= self.backward_passes_per_step
+        self.passes.assign(tf.where(complete, tf.zeros_like(self.passes), self.passes))
+        return complete
+
     def reduce_pending(self):
         """Average the pending large batch over its micro-batches and ranks; empty it. Graph-safe."""
         sums = [tf.convert_to_tensor(total) for total in self.pending]
@@ -184,7 +204,8 @@ class AccordionState(tf.Module):
             bytes_sent = self._ops.take_bytes_sent()
             for k in range(pending):
                 last = k == pending - 1
-                window_complete = self._schedule.step_done(record.get("micro_batches", 1) if last else 1)
+                passes = record.get("micro_batches", self.backward_passes_per_step)
+                window_complete = self._schedule.step_done(passes if last else self.backward_passes_per_step)
                 self._log.record_step(self._schedule.step, bytes_sent if last else 0, **(record if last else {}))
                 if window_complete:
                     self._end_window()

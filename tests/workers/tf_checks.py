@@ -359,3 +359,74 @@ def check_a_non_finite_gradient_leaves_tensorflow_state_clean():
                     if layer == 0:
                         now = reducer.state()[group][layer].numpy()
                         assert np.array_equal(now, value), (group, layer)
+
+
+def check_keras_backward_passes_per_step_two_sums_locally_and_applies_every_second_call():
+    """As Horovod's: the first call changes nothing; the second applies the rank average of
+    the two calls' sum (full-rank PowerSGD is exact, so plain SGD is the reference)."""
+    for average in (False, True):
+        model = make_keras_model()
+        optimizer = hvd_keras.DistributedOptimizer(
+            tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.powersgd(64, 1, min_compression_rate=0),
+            backward_passes_per_step=2, average_aggregated_gradients=average)
+        before = model.get_weights()
+        grads = [[tf.constant(np.random.RandomState(10 * hvd.rank() + k + j).standard_normal(v.shape), tf.float32)
+                  for j, v in enumerate(model.trainable_variables)] for k in range(2)]
+        optimizer.apply_gradients(zip(grads[0], model.trainable_variables))
+        for a, b in zip(model.get_weights(), before):
+            np.testing.assert_array_equal(a, b)
+        optimizer.apply_gradients(zip(grads[1], model.trainable_variables))
+        for k, (a, b) in enumerate(zip(model.get_weights(), before)):
+            total = horovod_tf.allreduce(grads[0][k] + grads[1][k], op=horovod_tf.Average).numpy()
+            expected = b - 0.1 * total / (2 if average else 1)
+            np.testing.assert_allclose(a, expected, atol=2e-5, rtol=0, err_msg=f"variable {k}, average={average}")
+    # And under fit: 8 batches are 4 steps, the ranks agree.
+    model = make_keras_model()
+    optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05),
+                                               compression=hvd.Compression.topk(0.5, 0.1),
+                                               backward_passes_per_step=2, window_steps=2, interval=1)
+    model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = rank_dataset(64)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[hvd_keras.AccordionCallback()], verbose=0)
+    assert int(optimizer.iterations.numpy()) == 4 and optimizer.accordion_state._schedule.step == 4
+    assert weights_identical_across_ranks(model)
+
+
+def check_keras_batch_switch_without_the_callback_is_a_clear_error():
+    model = make_keras_model()
+    model.compile(optimizer=keras_batch_switch_optimizer(0.01, BatchSwitch(small_batch=8, multiplier=4)),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = rank_dataset(32)
+    try:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    except RuntimeError as error:
+        assert "AccordionCallback" in str(error), error
+        return str(error)
+    raise AssertionError("fit with batch_switch and no AccordionCallback ran")
+
+
+def check_tensorflow_non_finite_warning_names_the_variable_and_integer_variables_are_refused():
+    import warnings
+    variables = [tf.Variable(tf.zeros(shape), name=f"layer{k}") for k, shape in enumerate(SHAPES)]
+    state = hvd.AccordionState(variables, compression=hvd.Compression.topk(0.5, 0.1), window_steps=2,
+                               interval=1, verify_levels=True)
+    caught_all = []
+    for step in range(4):
+        grads = rank_gradients(step)
+        if step == 1 and hvd.rank() == 1:
+            grads[3][0, 0] = np.nan
+        state.reduce([tf.constant(g) for g in grads])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state.step_end()
+        caught_all += [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    if hvd.rank() == 1:
+        assert len(caught_all) == 1 and "'layer3:0' (1 steps)" in caught_all[0], caught_all
+    else:
+        assert caught_all == [], caught_all
+    try:
+        hvd.AccordionState([tf.Variable(tf.zeros((3, 3), tf.int32))], compression=hvd.Compression.powersgd(1))
+    except TypeError as error:
+        assert "real floating-point" in str(error) and "int32" in str(error), error
+        return caught_all + [str(error)]
+    raise AssertionError("an integer variable was accepted")
