@@ -20,16 +20,18 @@ def horovodrun(controller, module, *args, timeout=300):
 
 @pytest.mark.multiworker
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_resume_in_a_new_job_is_bitwise_identical_to_an_uninterrupted_run(controller, tmp_path):
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+def test_resume_in_a_new_job_is_bitwise_identical_to_an_uninterrupted_run(framework, controller, tmp_path):
+    module = {"torch": "tests.workers.resume_job", "keras": "tests.workers.tf_resume_job"}[framework]
     for phase in ("full", "resume"):
-        job = horovodrun(controller, "tests.workers.resume_job", phase, str(tmp_path))
+        job = horovodrun(controller, module, phase, str(tmp_path))
         assert job.returncode == 0, f"{phase}: " + job.stdout[-3000:] + job.stderr[-3000:]
     reports = [json.loads((tmp_path / f"resume.rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, report in enumerate(reports):
         for variant, outcome in report.items():
             assert outcome["bitwise_equal"], f"rank {rank}, {variant}: {outcome}"
             assert outcome["checks"] >= 2, f"rank {rank}, {variant}: too few checks after the restart: {outcome}"
-        assert report["batch"]["pending_micro_batches"] == 2, report
+        assert report["batch"]["pending_micro_batches"] > 0, f"the checkpoint fell between large batches: {report}"
 
 
 @pytest.mark.multiworker
