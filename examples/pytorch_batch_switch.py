@@ -52,6 +52,7 @@ def main():
                 group["lr"] *= args.multiplier
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=args.decay_epochs, gamma=0.1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     bar = epochs_bar(args.epochs, hvd.rank(), desc=args.mode)
     for epoch in bar:

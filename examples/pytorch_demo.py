@@ -56,6 +56,7 @@ def train(args, compression, report):
                                              compression=compression, interval=args.interval)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=args.decay_epoch, gamma=0.1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     checks_printed = 0
     bar = epochs_bar(args.epochs, hvd.rank() if report else -1, desc="demo")

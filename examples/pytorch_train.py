@@ -113,6 +113,7 @@ def main(args):
         check_norm=args.check_norm, batch_switch=batch_switch, tensorboard_dir=args.tensorboard_dir)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(args, epoch))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     log = open(args.record, "w") if args.record and hvd.rank() == 0 else None
     write = (lambda record: (log.write(json.dumps(record) + "\n"), log.flush())) if log else (lambda record: None)
