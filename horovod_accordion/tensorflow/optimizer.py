@@ -64,6 +64,12 @@ class _AccordionOptimizer:
             # A checkpoint of the optimizer (or of the model with it) then carries the state,
             # and a restore made before this first step is applied now (deferred restoration).
             self._track_trackable(self._accordion_state, name="accordion_state")
+            # If only the root rank restored a checkpoint, the ranks would start this first step
+            # with different levels: share them now, as BroadcastGlobalVariablesCallback does
+            # for the weights (after this step).
+            process_set = self._accordion_options["process_set"]
+            with tf.init_scope():
+                self._accordion_state.broadcast_shared_state(process_set.ranks[0] if process_set.ranks else 0)
         return self._accordion_state
 
     @property

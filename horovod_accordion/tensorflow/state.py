@@ -110,6 +110,28 @@ class AccordionState(tf.Module):
         self._synced_json = self._dump()
         self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
 
+    def broadcast_shared_state(self, root_rank):
+        """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,
+        as after a restore on that rank alone. Each rank keeps its error-feedback memory,
+        residuals, Δ and pending gradients, which are its own. Eager; call it on every rank."""
+        shared = self._shared_variables()
+        root = hvd.rank() == root_rank
+        values = hvd.broadcast_object({k: v.numpy() for k, v in shared.items()} if root else None,
+                                      root_rank=root_rank, process_set=self._ops.process_set,
+                                      name="accordion.shared_state")
+        for key, variable in shared.items():
+            variable.assign(values[key])
+
+    def _shared_variables(self):
+        own = set(self._reducer.per_rank)
+        shared = {f"{group}_{i}": holder for group, entries in self._reducer.state().items() if group not in own
+                  for i, holder in entries.items()}
+        shared.update(steps=self.steps, schedule=self.schedule_json)
+        for name in ("apply_now", "lr_factor", "pending_count", "passes"):
+            if hasattr(self, name):
+                shared[name] = getattr(self, name)
+        return shared
+
     @property
     def window_steps(self):
         return self._schedule.window_steps
@@ -242,7 +264,14 @@ class AccordionState(tf.Module):
 
     def _load(self, text):
         saved = json.loads(text)
-        self._schedule.load_state_dict(saved["schedule"])
+        schedule = saved["schedule"]
+        if len(schedule["layer_names"]) != len(self._schedule.layer_names):
+            raise ValueError(f"the checkpoint's Accordion state has {len(schedule['layer_names'])} variables, this "
+                             f"model has {len(self._schedule.layer_names)}")
+        # Keras names variables by creation order (dense_3/kernel:0), while the checkpoint
+        # matched them by the object graph: keep this process's names.
+        schedule["layer_names"] = self._schedule.layer_names
+        self._schedule.load_state_dict(schedule)
         if self.batch_switch is not None:
             self._counter.load_state_dict(saved["micro_batches"])
 

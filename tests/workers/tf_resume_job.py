@@ -30,7 +30,7 @@ def build(options):
     tf_keras.utils.set_random_seed(0)
     model = tf_keras.Sequential([tf_keras.layers.Dense(32, activation="relu", input_shape=(16,)),
                                  tf_keras.layers.Dense(4)])
-    optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9), **options)
+    optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(0.1, momentum=0.9), **options)
     model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model, optimizer
 
@@ -91,8 +91,24 @@ def resume(directory):
         report[name] = {"restart_epoch": start, "pending_micro_batches": pending[start - 1],
                         "bitwise_equal": all(np.array_equal(a, b) for a, b in zip(model.get_weights(), uninterrupted)),
                         "checks": len(state.stats()["checks"]), "steps": state._schedule.step}
+    report["rank0_only"] = resume_from_rank_zero(directory)
     with open(os.path.join(directory, f"resume.rank{hvd.rank()}.json"), "w") as stream:
         json.dump(report, stream)
+
+
+def resume_from_rank_zero(directory):
+    """Horovod's recipe: rank 0 alone reads its checkpoint; BroadcastGlobalVariablesCallback
+    shares the weights and the optimizer shares Accordion's state when it creates it."""
+    model, optimizer = build(VARIANTS["powersgd"])
+    if hvd.rank() == 0:
+        tf.train.Checkpoint(model=model, optimizer=optimizer).read(
+            os.path.join(directory, f"powersgd.rank0.epoch{RESTART_EPOCH}"))
+    fit(model, RESTART_EPOCH, EPOCHS, [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    state = optimizer.accordion_state
+    flat = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()
+    return {"levels": state.levels, "steps": state._schedule.step,
+            "weights_identical_across_ranks": bool(np.array_equal(everyone[0], everyone[1]))}
 
 
 if __name__ == "__main__":
