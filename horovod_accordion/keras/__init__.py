@@ -14,5 +14,5 @@ from horovod.tensorflow.keras import init, rank, size, Average, Sum  # noqa: F40
 from horovod_accordion.keras import callbacks  # noqa: F401,E402 - Horovod's callbacks and AccordionCallback
 from horovod_accordion.keras.callbacks import AccordionCallback  # noqa: F401,E402
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401,E402
-from horovod_accordion.tensorflow.optimizer import DistributedOptimizer  # noqa: F401,E402
+from horovod_accordion.tensorflow.optimizer import DistributedOptimizer, load_model  # noqa: F401,E402
 from horovod_accordion.batch import BatchSwitch  # noqa: F401,E402

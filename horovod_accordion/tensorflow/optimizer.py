@@ -13,7 +13,7 @@ import horovod.tensorflow.keras as hvd_keras
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.tensorflow.state import AccordionState
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "load_model"]
 
 
 class _AccordionOptimizer:
@@ -146,3 +146,29 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     wrapped._accordion_options = options
     wrapped._accordion_state = None
     return wrapped
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=hvd.Compression.none,
+               legacy_opts=False, **accordion_options):
+    """``horovod.tensorflow.keras.load_model`` with Accordion's optimizer: load a tf_keras model
+    saved with its optimizer, and wrap that optimizer in :func:`DistributedOptimizer` with
+    ``compression`` and Accordion's keyword arguments (``eta``, ``interval``, ...).
+
+    The model's weights and the optimizer's slots come back. Accordion's own state does not:
+    the model formats save only the optimizer's weights, so the levels restart at ℓ_low, the
+    safe side. For an exact resume, use ``tf.train.Checkpoint`` (see the README).
+    """
+    import tf_keras
+    base = tf_keras.optimizers.legacy.Optimizer if legacy_opts else tf_keras.optimizers.Optimizer
+
+    def wrap(cls):
+        """What Keras deserializes the optimizer with: anything with a ``from_config``."""
+        def from_config(config, custom_objects=None):
+            return DistributedOptimizer(cls.from_config(config), compression=compression, **accordion_options)
+        return type(cls.__name__, (), {"from_config": staticmethod(from_config)})
+
+    # h5 files name a built-in optimizer in lower case, .keras files by its class name.
+    objects = {name: wrap(cls) for cls in base.__subclasses__() for name in (cls.__name__, cls.__name__.lower())}
+    objects.update({cls.__name__: wrap(cls) for cls in custom_optimizers or ()})
+    objects.update(custom_objects or {})
+    return tf_keras.models.load_model(filepath, custom_objects=objects)

@@ -430,3 +430,28 @@ def check_tensorflow_non_finite_warning_names_the_variable_and_integer_variables
         assert "real floating-point" in str(error) and "int32" in str(error), error
         return caught_all + [str(error)]
     raise AssertionError("an integer variable was accepted")
+
+
+def check_load_model_brings_back_accordions_optimizer_with_its_slots():
+    import tempfile
+    compression = hvd.Compression.powersgd(2, 1, min_compression_rate=0)
+    model = make_keras_model()
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05, momentum=0.9),
+                                                           compression=compression),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = rank_dataset(64)
+    model.fit(x, y, batch_size=16, epochs=1, callbacks=[hvd_keras.AccordionCallback()], verbose=0)
+    loaded = {}
+    for suffix in (".keras", ".h5"):
+        path = os.path.join(tempfile.mkdtemp(), "model" + suffix)
+        model.save(path)
+        restored = hvd_keras.load_model(path, compression=compression, interval=2)
+        optimizer = restored.optimizer
+        assert type(optimizer).__module__ == "horovod_accordion.tensorflow.optimizer", type(optimizer)
+        assert int(optimizer.iterations.numpy()) == 4, int(optimizer.iterations.numpy())
+        restored.fit(x, y, batch_size=16, epochs=1, callbacks=[hvd_keras.AccordionCallback()], verbose=0)
+        assert weights_identical_across_ranks(restored)
+        loaded[suffix] = {"iterations": int(optimizer.iterations.numpy()),
+                          "accordion_steps": optimizer.accordion_state._schedule.step}
+    assert loaded == {s: {"iterations": 8, "accordion_steps": 4} for s in (".keras", ".h5")}, loaded
+    return loaded
