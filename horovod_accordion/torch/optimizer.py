@@ -13,6 +13,8 @@ usual; the optimizer accumulates ``micro_batches_per_step`` of them (1 or m, Acc
 choice), averages them, communicates once and applies the step with a scaled LR.
 """
 
+import os
+import uuid
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -30,7 +32,11 @@ from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
 
-__all__ = ["DistributedOptimizer", "broadcast_optimizer_state"]
+__all__ = ["AccordionOptimizer", "DistributedOptimizer", "broadcast_optimizer_state"]
+
+
+class AccordionOptimizer:
+    """A base of every optimizer ``DistributedOptimizer`` returns, for ``isinstance``."""
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -79,7 +85,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             weakref.finalize(self, _warn_if_no_window_closed, self._accordion)
         self._synchronized = False
         self._should_synchronize = True
-        _check_same_parameters_on_all_ranks(self._names, self._params, compression, process_set)
+        # Tells this process's own saved state (an elastic commit) from another rank's file.
+        self._owner = uuid.uuid4().hex
+        self._signature = (compression, process_set)
+        if not _elastic():
+            self.check_same_parameters_on_all_ranks()
+
+    def check_same_parameters_on_all_ranks(self):
+        """A collective. Run at construction, or under ``hvd.elastic`` at every state sync:
+        there a worker that joins builds its optimizer while the others train, and must
+        not enter a collective they do not."""
+        _check_same_parameters_on_all_ranks(self._names, self._params, *self._signature)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -209,7 +225,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             "reducer": self._ops.export_state({g: e for g, e in groups.items() if g not in self._reducer.per_rank}),
             "micro_batches": self._micro_batches.state_dict() if self._micro_batches else None,
             "per_rank": {
-                "rank": self._ops.process_set.rank(), "size": self._ops.size(),
+                "rank": self._ops.process_set.rank(), "size": self._ops.size(), "owner": self._owner,
                 "reducer": self._ops.export_state({g: e for g, e in groups.items() if g in self._reducer.per_rank}),
                 "accumulated": [t.clone() for t in self._accumulated],
                 "gradients": [None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
@@ -218,9 +234,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict):
-        """Restore a ``state_dict()``. The per-rank part is restored only on the rank, and in
-        the world size, that saved it; elsewhere it restarts from zero, with a warning (the
-        usual "rank 0 saves one file" checkpoint): the shared state still resumes exactly."""
+        """Restore a ``state_dict()``. The per-rank part is restored only in the process that
+        saved it (an elastic commit, whatever its rank is now), or on the rank and in the
+        world size that saved it; elsewhere it restarts from zero, with a warning (the usual
+        "rank 0 saves one file" checkpoint): the shared state still resumes exactly."""
         state_dict = dict(state_dict)
         accordion_state = state_dict.pop("accordion", None)
         super(self.__class__, self).load_state_dict(state_dict)
@@ -242,7 +259,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._micro_batches:
             self._micro_batches.load_state_dict(saved["micro_batches"])
         own, here = saved["per_rank"], (self._ops.process_set.rank(), self._ops.size())
-        if (own["rank"], own["size"]) != here:
+        if own.get("owner") != self._owner and (own["rank"], own["size"]) != here:
             warnings.warn(
                 f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
                 f"large batch in progress) is rank {own['rank']}'s of {own['size']}, not this rank's "
@@ -275,11 +292,13 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     compression state), and it makes one broadcast whatever each rank has loaded, so
     "rank 0 loads the checkpoint, then broadcast" cannot hang.
     """
-    if type(optimizer).__module__ != __name__:  # how Horovod recognises its own optimizer
+    if not isinstance(optimizer, AccordionOptimizer):
         return hvd.broadcast_optimizer_state(optimizer, root_rank, model=model)
     process_set = optimizer.process_set
     if not process_set.included():
         return None
+    if _elastic():
+        optimizer.check_same_parameters_on_all_ranks()
     shared = None
     if hvd.rank() == root_rank:
         shared = optimizer.state_dict()
@@ -290,6 +309,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     shared["accordion"]["per_rank"] = own
     optimizer.load_state_dict(shared)
     return None
+
+
+def _elastic():
+    """Whether this worker runs under ``horovodrun --min-np/--max-np`` (Horovod sets it)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
 def _warn_if_no_window_closed(accordion):
@@ -384,7 +408,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     # one fused collective, so they are validated as Horovod does and otherwise unused.
     if groups is not None and not (isinstance(groups, list) or groups > 0):
         raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__, AccordionOptimizer),
+               dict(_DistributedOptimizer.__dict__))
     accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                              lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
                              check_norm=check_norm, verify_levels=verify_levels, log_path=log_path,
