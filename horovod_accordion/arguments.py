@@ -1,7 +1,17 @@
 """Checks shared by every adapter: Horovod's optimizer arguments, and the cross-rank
 consistency of what will be exchanged. Pure Python; the adapters run the collectives."""
 
-__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_on_all_ranks", "exchange_signature"]
+import os
+
+__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_on_all_ranks", "exchange_signature",
+           "under_elastic"]
+
+
+def under_elastic():
+    """Whether this worker runs under ``horovodrun --min-np/--max-np`` (Horovod sets it). There
+    a joining worker builds its optimizer while the others train, so the cross-rank checks
+    move from construction to each state sync."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
 def check_optimizer_arguments(op_name, gradient_predivide_factor, backward_passes_per_step):

@@ -10,6 +10,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvd_keras
 
+from horovod_accordion.arguments import under_elastic
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.tensorflow.state import AccordionState
 
@@ -67,9 +68,11 @@ class _AccordionOptimizer:
             # If only the root rank restored a checkpoint, the ranks would start this first step
             # with different levels: share them now, as BroadcastGlobalVariablesCallback does
             # for the weights (after this step).
+            # Under hvd.elastic, KerasState.sync does it, on every rank at once.
             process_set = self._accordion_options["process_set"]
-            with tf.init_scope():
-                self._accordion_state.broadcast_shared_state(process_set.ranks[0] if process_set.ranks else 0)
+            if not under_elastic():
+                with tf.init_scope():
+                    self._accordion_state.broadcast_shared_state(process_set.ranks[0] if process_set.ranks else 0)
         return self._accordion_state
 
     @property

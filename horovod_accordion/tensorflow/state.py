@@ -16,7 +16,7 @@ from horovod.tensorflow.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
-                                        exchange_signature)
+                                        exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
@@ -81,7 +81,9 @@ class AccordionState(tf.Module):
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
             check_norm=check_norm, verify_levels=verify_levels,
             describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
-        _check_same_variables_on_all_ranks(names, variables, compression, process_set)
+        self._signature = (names, variables, compression, process_set)
+        if not under_elastic():
+            self.check_same_variables_on_all_ranks()
         if process_set.rank() == 0:
             self._log.path = log_path
             self.write_tensorboard(tensorboard_dir)
@@ -109,6 +111,18 @@ class AccordionState(tf.Module):
             self.passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="backward_passes")
         self._synced_json = self._dump()
         self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
+
+    def check_same_variables_on_all_ranks(self):
+        """A collective: at construction, or under ``hvd.elastic`` at every state sync."""
+        _check_same_variables_on_all_ranks(*self._signature)
+
+    def snapshot(self):
+        """Every variable's value, for an in-memory commit (``hvd.elastic``)."""
+        return [v.numpy() for v in self.variables]
+
+    def load_snapshot(self, values):
+        for variable, value in zip(self.variables, values):
+            variable.assign(value)
 
     def broadcast_shared_state(self, root_rank):
         """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,

@@ -13,7 +13,6 @@ usual; the optimizer accumulates ``micro_batches_per_step`` of them (1 or m, Acc
 choice), averages them, communicates once and applies the step with a scaled LR.
 """
 
-import os
 import uuid
 import warnings
 import weakref
@@ -25,7 +24,7 @@ from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
-                                        exchange_signature)
+                                        exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
@@ -88,7 +87,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Tells this process's own saved state (an elastic commit) from another rank's file.
         self._owner = uuid.uuid4().hex
         self._signature = (compression, process_set)
-        if not _elastic():
+        if not under_elastic():
             self.check_same_parameters_on_all_ranks()
 
     def check_same_parameters_on_all_ranks(self):
@@ -297,7 +296,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     process_set = optimizer.process_set
     if not process_set.included():
         return None
-    if _elastic():
+    if under_elastic():
         optimizer.check_same_parameters_on_all_ranks()
     shared = None
     if hvd.rank() == root_rank:
@@ -309,11 +308,6 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     shared["accordion"]["per_rank"] = own
     optimizer.load_state_dict(shared)
     return None
-
-
-def _elastic():
-    """Whether this worker runs under ``horovodrun --min-np/--max-np`` (Horovod sets it)."""
-    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
 def _warn_if_no_window_closed(accordion):

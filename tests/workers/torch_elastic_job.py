@@ -4,7 +4,7 @@ Adaptive PowerSGD with ``verify_levels``, a commit every 2 steps. Rank 1 kills i
 (SIGKILL) right after the commit of step 12, once in the whole job; its host comes back
 after Horovod's blacklist cooldown and a new worker joins. Every worker appends what it
 did to ``DIR/worker.<pid>.jsonl``: each step's world, levels and error-feedback memory
-norm, each commit, each reset, and the final parameters.
+norm, each commit, each reset, and the final weights; ``keras_elastic_job.py`` is its twin.
 """
 import json
 import os
@@ -51,12 +51,13 @@ def main(directory):
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
-            write(event="step", step=state.step, rank=hvd.rank(), size=hvd.size(), memory_norm_before=before,
-                  levels=list(optimizer.accordion_stats()["levels"].values()))
+            write(event="batch", step=state.step, rank=hvd.rank(), size=hvd.size(), memory_norm_before=before,
+                  accordion_step=optimizer._accordion.step, levels=list(optimizer.accordion_stats()["levels"].values()))
             state.step += 1
             if state.step % 2 == 0:
                 state.commit()
-                write(event="commit", step=state.step, memory_norm=memory_norm(optimizer))
+                write(event="commit", step=state.step, accordion_step=optimizer._accordion.step,
+                      memory_norm=memory_norm(optimizer))
             if hvd.rank() == 1 and state.step == KILL_AFTER_STEP and not os.path.exists(killed):
                 open(killed, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -64,7 +65,7 @@ def main(directory):
 
     train(state)
     write(event="done", step=state.step, rank=hvd.rank(), size=hvd.size(),
-          parameters=[float(p.detach().double().sum()) for p in model.parameters()])
+          weights=[float(p.detach().double().sum()) for p in model.parameters()])
 
 
 if __name__ == "__main__":
