@@ -6,6 +6,7 @@ norms across ranks and call ``end_window`` with the result.
 """
 
 import math
+import os
 import warnings
 
 from horovod_accordion.detector import RegimeDetector
@@ -32,14 +33,16 @@ class Accordion:
             the Δ averaged over ranks, which is the norm of the gradient the model actually
             followed, for one dense allreduce of the model per check.
         verify_levels: a debugging aid: at every check, gather each rank's levels and raise on
-            every rank if any differ (one small allgather per check).
+            every rank if any differ (one small allgather per check, not counted as traffic).
+            ``None`` (the default) reads ``HOROVOD_ACCORDION_VERIFY_LEVELS=1`` from the
+            environment, which the test suite sets.
         log: a :class:`CommunicationLog`.
         describe: a function of the new levels that returns extra fields for each check
             record (the batch variant logs the batch size in force).
     """
 
     def __init__(self, layer_names, levels, eta=0.5, interval=10, window_steps=None,
-                 per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=False,
+                 per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
                  log=None, describe=None):
         if window_steps is not None and (int(window_steps) != window_steps or window_steps < 1):
             raise ValueError(f"window_steps must be a positive integer or None (epochs), got {window_steps!r}")
@@ -52,7 +55,8 @@ class Accordion:
         self.window_steps = window_steps
         self.delta_windows = delta_windows
         self.check_norm = check_norm
-        self.verify_levels = verify_levels
+        self.verify_levels = os.environ.get("HOROVOD_ACCORDION_VERIFY_LEVELS") == "1" \
+            if verify_levels is None else verify_levels
         self.detector = RegimeDetector(len(self.layer_names), eta=eta, interval=interval,
                                        per_layer=per_layer, lr_decay_factor=lr_decay_factor)
         self.log = log if log is not None else CommunicationLog()
@@ -169,6 +173,7 @@ class Accordion:
         """All ranks see the same gathered rows, so they all raise or none does."""
         mine = [float(level) for level in self.levels] + [float(self.step), float(self.detector.windows_seen)]
         rows = ops.to_floats(ops.allgather(ops.from_floats(mine), "accordion.verify_levels"))
+        ops.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
         if any(row != rows[0] for row in rows):
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]
             layers = sorted({self.layer_names[k] for row in rows for k in range(len(self.layer_names))

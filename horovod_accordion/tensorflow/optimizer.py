@@ -116,7 +116,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0,
-                         delta_windows=1, check_norm="local", verify_levels=False, log_path=None,
+                         delta_windows=1, check_norm="local", verify_levels=None, log_path=None,
                          tensorboard_dir=None, batch_switch=None):
     """Wrap a tf_keras ``optimizer`` so that ``apply_gradients`` averages over ranks.
 

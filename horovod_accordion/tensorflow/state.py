@@ -53,7 +53,7 @@ class AccordionState(tf.Module):
     def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
                  window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local",
-                 verify_levels=False, log_path=None, tensorboard_dir=None, batch_switch=None,
+                 verify_levels=None, log_path=None, tensorboard_dir=None, batch_switch=None,
                  backward_passes_per_step=1, average_aggregated_gradients=False, name=None):
         super().__init__(name=name)
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, backward_passes_per_step)

@@ -363,7 +363,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=hvd.global_process_set, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
-                         lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=False,
+                         lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
                          log_path=None, tensorboard_dir=None, batch_switch=None):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
@@ -384,7 +384,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             check. ``None`` disables the rule. See ``horovod_accordion.detector``.
         delta_windows, check_norm: what a check measures; see ``horovod_accordion.accordion.Accordion``.
         verify_levels: debugging: at every check, compare the levels of all ranks and raise
-            on every rank if they differ.
+            on every rank if they differ. ``None``: on if ``HOROVOD_ACCORDION_VERIFY_LEVELS=1``.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
         tensorboard_dir: rank 0 writes TensorBoard scalars there: bytes per step, and each
             layer's level and ratio at every check (needs the ``tensorboard`` package).
