@@ -65,6 +65,10 @@ class _AccordionOptimizer:
             # A checkpoint of the optimizer (or of the model with it) then carries the state,
             # and a restore made before this first step is applied now (deferred restoration).
             self._track_trackable(self._accordion_state, name="accordion_state")
+            if getattr(self, "_accordion_restore", None) is not None:
+                with tf.init_scope():
+                    self._accordion_state.load_snapshot(self._accordion_restore)
+                self._accordion_restore = None
             # If only the root rank restored a checkpoint, the ranks would start this first step
             # with different levels: share them now, as BroadcastGlobalVariablesCallback does
             # for the weights (after this step).
@@ -75,10 +79,29 @@ class _AccordionOptimizer:
                     self._accordion_state.broadcast_shared_state(process_set.ranks[0] if process_set.ranks else 0)
         return self._accordion_state
 
+    def save_own_variables(self, store):
+        """The native ``.keras`` format: the optimizer's variables, and Accordion's beside them."""
+        super(self.__class__, self).save_own_variables(store)
+        if self._accordion_state is not None:
+            for k, value in enumerate(self._accordion_state.snapshot()):
+                store[f"accordion_{k}"] = value
+
+    def load_own_variables(self, store):
+        ours = sorted((key for key in store.keys() if key.startswith("accordion_")), key=lambda k: int(k[10:]))
+        super(self.__class__, self).load_own_variables(
+            {key: store[key] for key in store.keys() if not key.startswith("accordion_")})
+        # Applied when the state is created, at the first step.
+        self._accordion_restore = [_stored_value(store[key]) for key in ours] or None
+
     @property
     def accordion_state(self):
         """The ``AccordionState``, or ``None`` before the first step."""
         return self._accordion_state
+
+
+def _stored_value(entry):
+    """A value read back from a ``.keras`` file (an h5py dataset) while the file is open."""
+    return entry[()] if hasattr(entry, "shape") else entry
 
 
 def _build_weights(optimizer, variables):
@@ -157,9 +180,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     saved with its optimizer, and wrap that optimizer in :func:`DistributedOptimizer` with
     ``compression`` and Accordion's keyword arguments (``eta``, ``interval``, ...).
 
-    The model's weights and the optimizer's slots come back. Accordion's own state does not:
-    the model formats save only the optimizer's weights, so the levels restart at ℓ_low, the
-    safe side. For an exact resume, use ``tf.train.Checkpoint`` (see the README).
+    The model's weights and the optimizer's slots come back. So does Accordion's state from a
+    native ``.keras`` file, where the optimizer saves it beside its own variables: training
+    continues exactly. An ``.h5`` file has no room for it, so there the levels restart at
+    ℓ_low until the first check.
     """
     import tf_keras
     base = tf_keras.optimizers.legacy.Optimizer if legacy_opts else tf_keras.optimizers.Optimizer
