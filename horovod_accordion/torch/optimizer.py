@@ -247,6 +247,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _load_accordion_state(self, saved):
         groups = self._reducer.state()
         shared = {g: e for g, e in groups.items() if g not in self._reducer.per_rank}
+        per_rank = {g: e for g, e in groups.items() if g in self._reducer.per_rank}
         if set(saved["reducer"]) != set(shared):
             raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
                              f"optimizer's {sorted(shared)}: it was saved with another compression")
@@ -264,9 +265,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"large batch in progress) is rank {own['rank']}'s of {own['size']}, not this rank's "
                 f"({here[0]} of {here[1]}): it restarts from zero here. Save one state_dict per rank to "
                 f"resume exactly.")
-            own = _zeroed(self._ops, {g: e for g, e in groups.items() if g in self._reducer.per_rank},
-                          self._accumulated)
-        self._ops.import_state({g: e for g, e in groups.items() if g in self._reducer.per_rank}, own["reducer"])
+            own = _zeroed(self._ops, per_rank, self._accumulated)
+        self._ops.import_state(per_rank, own["reducer"])
         for total, saved_total in zip(self._accumulated, own["accumulated"]):
             total.copy_(saved_total)
         if own["gradients"] is not None:
