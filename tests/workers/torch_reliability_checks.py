@@ -398,3 +398,40 @@ def check_batch_switch_state_dict_carries_a_large_batch_in_progress():
     for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
         assert torch.equal(a, b), f"{name} differs after resuming mid-way through a large batch"
     return step
+
+
+def check_a_step_makes_no_host_copy_outside_a_check():
+    """The GPU path, proven on CPU: between checks, a step never moves a tensor to the host
+    (no ``.cpu()``, ``.item()``, ``.numpy()``, ``.tolist()``), so on a GPU it never waits."""
+    counts = {}
+    originals = {name: getattr(torch.Tensor, name) for name in ("cpu", "item", "numpy", "tolist")}
+
+    def counting(name):
+        def wrapper(self, *args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return originals[name](self, *args, **kwargs)
+        return wrapper
+
+    def host_copies(compression, window_steps):
+        model = make_model()
+        optimizer = wrap(model, compression, window_steps=window_steps)
+        train(model, optimizer, 1)  # the first step may set things up
+        for name in originals:
+            setattr(torch.Tensor, name, counting(name))
+        try:
+            train(model, optimizer, 3)
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+        copies = dict(counts)
+        counts.clear()
+        return copies
+
+    per_compression = {repr(c): host_copies(c, window_steps=100) for c in (
+        Compression.none, Compression.fp16, Compression.powersgd(2, 1, min_compression_rate=0),
+        Compression.topk(0.5, 0.1))}
+    assert all(not c for c in per_compression.values()), per_compression
+    # The guard sees copies where there are some: a check reads the norms, once.
+    at_checks = host_copies(Compression.powersgd(2, 1, min_compression_rate=0), window_steps=1)
+    assert at_checks.get("tolist", 0) >= 3, at_checks
+    return per_compression, at_checks
