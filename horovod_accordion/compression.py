@@ -10,7 +10,8 @@ configuration raises before any collective is started.
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerSGD", "TopK", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor"]
+__all__ = ["PowerSGD", "TopK", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
+           "index_dtype", "sparse_is_cheaper"]
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,15 @@ class TopK:
         low_fraction: kept fraction in critical regimes (ℓ_low, e.g. 0.99).
         high_fraction: kept fraction elsewhere (ℓ_high, e.g. 0.1). Defaults to ``low_fraction``.
         use_error_feedback: keep the unsent remainder and add it to the next gradient.
+        wire: how a layer's kept values travel. ``"auto"`` (the default): as values and
+            indices (an allgather) while that costs less on a ring than a dense allreduce of
+            the layer at the current world size, else as the sparsified layer through the
+            allreduce; the maths are the same. ``"sparse"`` or ``"dense"`` force one way.
     """
     low_fraction: float
     high_fraction: float = None
     use_error_feedback: bool = True
+    wire: str = "auto"
 
     def __post_init__(self):
         if self.high_fraction is None:
@@ -78,6 +84,8 @@ class TopK:
             raise ValueError(
                 f"TopK high_fraction ({self.high_fraction}) is ℓ_high, the *higher* compression, so it "
                 f"must not exceed low_fraction ({self.low_fraction}); swap them")
+        if self.wire not in ("auto", "sparse", "dense"):
+            raise ValueError(f"TopK wire must be 'auto', 'sparse' or 'dense', got {self.wire!r}")
 
     @property
     def levels(self):
@@ -116,6 +124,19 @@ def powersgd_compresses(shape, config):
 def clamped_rank(rank, shape):
     """A rank above min(n, m) carries no more information, so it is clamped."""
     return min(rank, *matrix_shape(shape))
+
+
+def index_dtype(numel):
+    """The narrowest integer type for a layer's indices: int16 under 32,768 entries."""
+    return "int16" if numel <= 2 ** 15 else "int32"
+
+
+def sparse_is_cheaper(kept, numel, index_bytes, size):
+    """Whether ``kept`` fp32 values and their indices, allgathered over a ring of ``size``
+    ranks ((size − 1)·kept·(4 + index_bytes) bytes sent per rank), cost less than a dense
+    fp32 allreduce of ``numel`` entries (2·(size − 1)/size·4·numel). Works on numbers and on
+    framework tensors."""
+    return kept * (4 + index_bytes) * size < 8 * numel
 
 
 def kept_count(fraction, numel):

@@ -11,7 +11,8 @@ import warnings
 
 import numpy as np
 
-from horovod_accordion.compression import clamped_rank, is_matrix, matrix_shape, powersgd_compresses
+from horovod_accordion.compression import (clamped_rank, index_dtype, is_matrix, matrix_shape, powersgd_compresses,
+                                           sparse_is_cheaper)
 
 from horovod_accordion.compression import PowerSGD, TopK
 
@@ -168,10 +169,17 @@ class TopKReducer:
         idx = the k largest |M|;  val = M[idx];  residual = M with M[idx] set to 0
         out = (Σ_workers scatter(idx_w, val_w)) / W       averaged (the release summed)
 
-    The values (as fp32 bits) and indices (int32) of all layers go into one int32 buffer
-    and one allgather; the uncompressed 1-D tensors go into one allreduce. A layer whose M or
-    average is not finite this step (on any rank) keeps its residual as it was on every
-    rank, as a skipped step should: its non-finite values still reach the output.
+    On the wire, a layer's values (as fp32 bits) and indices (int16 below 32,768 entries,
+    two to an int32 word, else int32) go into one int32 buffer for one allgather, while
+    that costs less than a dense allreduce of the layer at this world size (see
+    ``sparse_is_cheaper``). Otherwise, as TopK 99 % would, the sparsified M (its kept
+    entries, zeros elsewhere) joins the uncompressed 1-D tensors in the one allreduce: the
+    same average, for fewer bytes than values plus indices. The way is chosen per layer at
+    every step, from the kept count of the level in force, and is the same on every rank.
+
+    A layer whose M or average is not finite this step (on any rank) keeps its residual as
+    it was on every rank, as a skipped step should: its non-finite values still reach the
+    output.
 
     The residuals are each rank's own (``per_rank``); the fractions are shared.
     """
@@ -187,38 +195,54 @@ class TopKReducer:
         self.residual = {i: ops.state(np.zeros(int(np.prod(self.shapes[i]))), f"topk_residual_{i}")
                          for i in self.compressed}
         self.fractions = {i: ops.level(float(config.low_fraction), f"topk_fraction_{i}") for i in self.compressed}
+        self.index_dtypes = {i: index_dtype(int(np.prod(self.shapes[i]))) for i in self.compressed}
 
     def set_levels(self, levels):
         for i in self.compressed:
             self.ops.set_level(self.fractions[i], levels[i])
 
+    def _sparse(self, i, k):
+        if self.config.wire != "auto":
+            return self.ops.constant_flag(self.config.wire == "sparse")
+        numel = int(np.prod(self.shapes[i]))
+        return sparse_is_cheaper(k, numel, 2 if self.index_dtypes[i] == "int16" else 4, self.ops.size())
+
     def reduce(self, grads):
         ops = self.ops
         outputs = [None] * len(grads)
-        flats, counts, unsent, payload = [], [], [], []
+        layers, payload, dense = [], [], []
         for i in self.compressed:
             m = ops.as_matrix(grads[i], (-1,))
             if self.config.use_error_feedback:
                 m = m + ops.read(self.residual[i])
             k = ops.kept_count(self.fractions[i], m)
             indices = ops.top_abs_indices(m, k)
-            flats.append(m)
-            counts.append(k)
-            unsent.append(ops.zeroed_at(m, indices))
-            payload += [ops.float_bits(ops.gather(m, indices)), indices]
-        if payload:
-            gathered = ops.allgather(ops.concat(payload), "accordion.topk")
-            offset = 0
-            for i, m, k, rest in zip(self.compressed, flats, counts, unsent):
+            rest = ops.zeroed_at(m, indices)
+            sparse = self._sparse(i, k)
+            payload.append(ops.cond(
+                sparse, lambda m=m, i=i, indices=indices: ops.concat(
+                    [ops.float_bits(ops.gather(m, indices)), ops.pack_indices(indices, self.index_dtypes[i])]),
+                ops.empty_words))
+            dense.append(ops.cond(sparse, ops.empty_floats, lambda m=m, rest=rest: m - rest))
+            layers.append((i, m, k, rest, sparse))
+        reduced = fused_allreduce_mean(ops, dense + [grads[i] for i in self.uncompressed], "accordion.topk.dense")
+        gathered = ops.allgather(ops.concat(payload), "accordion.topk") if payload else None
+        offset = 0
+        for (i, m, k, rest, sparse), dense_average in zip(layers, reduced):
+            words = k + ops.packed_words(k, self.index_dtypes[i])
+
+            def sparse_average(m=m, i=i, k=k, offset=offset, words=words):
                 values = ops.bits_float(ops.columns(gathered, offset, offset + k))
-                indices = ops.columns(gathered, offset + k, offset + 2 * k)
-                offset = offset + 2 * k
-                average = ops.scatter_mean(m, indices, values)
-                if self.config.use_error_feedback:
-                    ops.assign(self.residual[i], ops.finite_or(rest, ops.read(self.residual[i]), also=average))
-                outputs[i] = ops.like(average, grads[i])
-        dense = fused_allreduce_mean(ops, [grads[i] for i in self.uncompressed], "accordion.topk.dense")
-        for i, value in zip(self.uncompressed, dense):
+                indices = ops.unpack_indices(ops.columns(gathered, offset + k, offset + words), k,
+                                             self.index_dtypes[i])
+                return ops.scatter_mean(m, indices, values)
+
+            average = ops.cond(sparse, sparse_average, lambda dense_average=dense_average: dense_average)
+            offset = offset + ops.cond(sparse, lambda words=words: words, lambda: ops.zero_count())
+            if self.config.use_error_feedback:
+                ops.assign(self.residual[i], ops.finite_or(rest, ops.read(self.residual[i]), also=average))
+            outputs[i] = ops.like(average, grads[i])
+        for i, value in zip(self.uncompressed, reduced[len(layers):]):
             outputs[i] = value
         return outputs
 

@@ -89,6 +89,39 @@ class TensorFlowOps:
     def zeros_like(self, value):
         return tf.zeros_like(value)
 
+    # Branches of the TopK wire format, decided in the graph from the level in force.
+    def cond(self, flag, if_true, if_false):
+        return tf.cond(flag, if_true, if_false)
+
+    def constant_flag(self, value):
+        return tf.constant(value)
+
+    def zero_count(self):
+        return tf.constant(0, tf.int32)
+
+    def empty_words(self):
+        return tf.zeros([0], tf.int32)
+
+    def empty_floats(self):
+        return tf.zeros([0], tf.float32)
+
+    def packed_words(self, count, dtype):
+        return (count + 1) // 2 if dtype == "int16" else count
+
+    def pack_indices(self, indices, dtype):
+        """Indices as int32 words: int16 ones two to a word (the last padded with 0)."""
+        if dtype == "int32":
+            return indices
+        narrow = tf.cast(indices, tf.int16)
+        narrow = tf.pad(narrow, [[0, tf.size(narrow) % 2]])
+        return tf.bitcast(tf.reshape(narrow, [-1, 2]), tf.int32)
+
+    def unpack_indices(self, words, count, dtype):
+        if dtype == "int32":
+            return words
+        narrow = tf.reshape(tf.bitcast(words, tf.int16), [tf.shape(words)[0], -1])
+        return tf.cast(narrow[:, :count], tf.int32)
+
     def float_bits(self, values):
         return tf.bitcast(values, tf.int32)
 

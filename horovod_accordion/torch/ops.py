@@ -98,6 +98,39 @@ class TorchOps:
     def zeros_like(self, value):
         return torch.zeros_like(value)
 
+    # Branches of the TopK wire format: plain Python here, tf.cond in TensorFlow.
+    def cond(self, flag, if_true, if_false):
+        return if_true() if flag else if_false()
+
+    def constant_flag(self, value):
+        return value
+
+    def zero_count(self):
+        return 0
+
+    def empty_words(self):
+        return torch.zeros(0, dtype=torch.int32, device=self.device)
+
+    def empty_floats(self):
+        return torch.zeros(0, dtype=torch.float32, device=self.device)
+
+    def packed_words(self, count, dtype):
+        return (count + 1) // 2 if dtype == "int16" else count
+
+    def pack_indices(self, indices, dtype):
+        """Indices as int32 words: int16 ones two to a word (the last padded with 0)."""
+        if dtype == "int32":
+            return indices
+        narrow = indices.to(torch.int16)
+        if narrow.numel() % 2:
+            narrow = torch.cat([narrow, narrow.new_zeros(1)])
+        return narrow.view(torch.int32)
+
+    def unpack_indices(self, words, count, dtype):
+        if dtype == "int32":
+            return words
+        return words.contiguous().view(torch.int16)[:, :count]
+
     def float_bits(self, values):
         return values.view(torch.int32)
 

@@ -465,3 +465,34 @@ def check_load_model_brings_back_accordions_optimizer_and_from_keras_files_its_s
     assert all(np.array_equal(a, b) for a, b in zip(loaded[".keras"]["weights"], model.get_weights()))
     assert (loaded[".h5"]["accordion_steps"], loaded[".h5"]["checks"]) == (4, 1), loaded[".h5"]
     return {suffix: {k: v for k, v in outcome.items() if k != "weights"} for suffix, outcome in loaded.items()}
+
+
+def traced_reduce(state, count):
+    @tf.function
+    def step(grads):
+        count[0] += 1  # runs only while tracing
+        return state.reduce(grads)
+    return step
+
+
+def check_topk_wire_switches_inside_one_traced_step():
+    """TopK 0.99 goes through the allreduce and 0.1 as values and indices, chosen in the
+    graph from the level variable: one trace, and the same results as forcing either way."""
+    variables = [tf.Variable(tf.zeros(shape)) for shape in SHAPES]
+    results, traces = {}, {}
+    for wire in ("auto", "sparse"):
+        state = hvd.AccordionState(variables, compression=hvd.Compression.topk(0.99, 0.1, wire=wire))
+        count = [0]
+        step = traced_reduce(state, count)
+
+        outputs = []
+        for k, fraction in enumerate([0.99, 0.1, 0.1, 0.99]):
+            state._reducer.set_levels([fraction] * len(SHAPES))
+            outputs.append([o.numpy() for o in step([tf.constant(g) for g in rank_gradients(k)])])
+            state.step_end()
+        results[wire], traces[wire] = outputs, count[0]
+    assert traces == {"auto": 1, "sparse": 1}, traces
+    for a, b in zip(results["auto"], results["sparse"]):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
+    return traces
