@@ -10,7 +10,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 py="$venv/bin/python"
 
 cache_root=${HOROVOD_ACCORDION_CACHE:-$HOME/.cache/horovod_accordion}
-BUILD_FLAGS="HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1"
+# HOROVOD_GPU_OPERATIONS=NCCL (the GPU image sets it) joins the flags, and so the cache key.
+BUILD_FLAGS="HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1${HOROVOD_GPU_OPERATIONS:+ HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS}"
 key=$("$py" - "$here/patch_horovod.py" <<PYEOF
 import hashlib, sys, platform, torch, tensorflow as tf
 h = hashlib.sha256()

@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-TORCH=torch==2.13.0
-TENSORFLOW=tensorflow-cpu==2.21.0
-TF_KERAS=tf-keras==2.21.0
+# The pinned stack. The GPU image (docker/Dockerfile.gpu) keeps these versions and swaps the
+# CPU builds for CUDA ones through the *_SPEC variables and PIP_EXTRA_INDEX_URL.
+TORCH=${TORCH_SPEC:-torch==2.13.0}
+TENSORFLOW=${TENSORFLOW_SPEC:-tensorflow-cpu==2.21.0}
+TF_KERAS=${TF_KERAS_SPEC:-tf-keras==2.21.0}
 
 step() { echo "==> setup: $*"; }
 
@@ -25,9 +27,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 # torch is pinned to the CPU build; unpinned, pip would fetch a multi-GB CUDA build.
-if ! "$VENV/bin/python" - <<PYEOF 2>/dev/null
-import importlib.metadata as m, sys
-want = {"torch": "2.13.0", "tensorflow-cpu": "2.21.0", "tf-keras": "2.21.0"}
+if ! "$VENV/bin/python" - "$TORCH" "$TENSORFLOW" "$TF_KERAS" <<PYEOF 2>/dev/null
+import importlib.metadata as m, re, sys
+want = dict(re.fullmatch(r"([\w.-]+)(?:\[[\w,-]+\])?==(.+)", spec).groups() for spec in sys.argv[1:])
 sys.exit(any(not m.version(k).startswith(v) for k, v in want.items()))
 PYEOF
 then
