@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["PowerSGD", "TopK", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
-           "index_dtype", "sparse_is_cheaper"]
+           "index_dtype", "index_bytes", "packed_index_words", "sparse_is_cheaper"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,16 @@ def clamped_rank(rank, shape):
 def index_dtype(numel):
     """The narrowest integer type for a layer's indices: int16 under 32,768 entries."""
     return "int16" if numel <= 2 ** 15 else "int32"
+
+
+def index_bytes(dtype):
+    return 2 if dtype == "int16" else 4
+
+
+def packed_index_words(count, dtype):
+    """How many int32 words ``count`` indices take: int16 ones go two to a word. Works on
+    numbers and on framework tensors."""
+    return (count + 1) // 2 if dtype == "int16" else count
 
 
 def sparse_is_cheaper(kept, numel, index_bytes, size):

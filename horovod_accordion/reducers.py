@@ -11,13 +11,13 @@ import warnings
 
 import numpy as np
 
-from horovod_accordion.compression import (clamped_rank, index_dtype, is_matrix, matrix_shape, powersgd_compresses,
-                                           sparse_is_cheaper)
+from horovod_accordion.compression import (clamped_rank, index_bytes, index_dtype, is_matrix, matrix_shape,
+                                           packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
 from horovod_accordion.compression import PowerSGD, TopK
 
 __all__ = ["DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
-           "make_reducer"]
+           "make_reducer", "split_state"]
 
 
 def make_reducer(compression, shapes, ops, plain_compressor):
@@ -32,6 +32,15 @@ def make_reducer(compression, shapes, ops, plain_compressor):
     raise ValueError(
         f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
         f"Compression.topk(...), got {compression!r}")
+
+
+def split_state(reducer):
+    """A reducer's state groups as ``(shared, per_rank)``: the shared ones are alike on every
+    rank (Q, levels) and may be broadcast; the per-rank ones (error-feedback memory, TopK
+    residuals, ``reducer.per_rank``) are each rank's own."""
+    groups = reducer.state()
+    return ({g: e for g, e in groups.items() if g not in reducer.per_rank},
+            {g: e for g, e in groups.items() if g in reducer.per_rank})
 
 
 def initial_query(seed, layer, rows, columns):
@@ -192,10 +201,10 @@ class TopKReducer:
         self.shapes = [tuple(s) for s in shapes]
         self.compressed = [i for i, s in enumerate(self.shapes) if is_matrix(s) and np.prod(s) > 0]
         self.uncompressed = [i for i in range(len(self.shapes)) if i not in set(self.compressed)]
-        self.residual = {i: ops.state(np.zeros(int(np.prod(self.shapes[i]))), f"topk_residual_{i}")
-                         for i in self.compressed}
+        self.numels = {i: int(np.prod(self.shapes[i])) for i in self.compressed}
+        self.residual = {i: ops.state(np.zeros(self.numels[i]), f"topk_residual_{i}") for i in self.compressed}
         self.fractions = {i: ops.level(float(config.low_fraction), f"topk_fraction_{i}") for i in self.compressed}
-        self.index_dtypes = {i: index_dtype(int(np.prod(self.shapes[i]))) for i in self.compressed}
+        self.index_dtypes = {i: index_dtype(self.numels[i]) for i in self.compressed}
 
     def set_levels(self, levels):
         for i in self.compressed:
@@ -204,8 +213,7 @@ class TopKReducer:
     def _sparse(self, i, k):
         if self.config.wire != "auto":
             return self.ops.constant_flag(self.config.wire == "sparse")
-        numel = int(np.prod(self.shapes[i]))
-        return sparse_is_cheaper(k, numel, 2 if self.index_dtypes[i] == "int16" else 4, self.ops.size())
+        return sparse_is_cheaper(k, self.numels[i], index_bytes(self.index_dtypes[i]), self.ops.size())
 
     def reduce(self, grads):
         ops = self.ops
@@ -229,7 +237,7 @@ class TopKReducer:
         gathered = ops.allgather(ops.concat(payload), "accordion.topk") if payload else None
         offset = 0
         for (i, m, k, rest, sparse), dense_average in zip(layers, reduced):
-            words = k + ops.packed_words(k, self.index_dtypes[i])
+            words = k + packed_index_words(k, self.index_dtypes[i])
 
             def sparse_average(m=m, i=i, k=k, offset=offset, words=words):
                 values = ops.bits_float(ops.columns(gathered, offset, offset + k))

@@ -105,9 +105,6 @@ class TensorFlowOps:
     def empty_floats(self):
         return tf.zeros([0], tf.float32)
 
-    def packed_words(self, count, dtype):
-        return (count + 1) // 2 if dtype == "int16" else count
-
     def pack_indices(self, indices, dtype):
         """Indices as int32 words: int16 ones two to a word (the last padded with 0)."""
         if dtype == "int32":

@@ -19,7 +19,7 @@ from horovod_accordion.arguments import (check_optimizer_arguments, check_real_f
                                         exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer
+from horovod_accordion.reducers import make_reducer, split_state
 from horovod_accordion.tensorflow.ops import TensorFlowOps
 from horovod_accordion.tensorflow.summary import SummaryScalars
 
@@ -137,8 +137,7 @@ class AccordionState(tf.Module):
             variable.assign(values[key])
 
     def _shared_variables(self):
-        own = set(self._reducer.per_rank)
-        shared = {f"{group}_{i}": holder for group, entries in self._reducer.state().items() if group not in own
+        shared = {f"{group}_{i}": holder for group, entries in split_state(self._reducer)[0].items()
                   for i, holder in entries.items()}
         shared.update(steps=self.steps, schedule=self.schedule_json)
         for name in ("apply_now", "lr_factor", "pending_count", "passes"):

@@ -114,9 +114,6 @@ class TorchOps:
     def empty_floats(self):
         return torch.zeros(0, dtype=torch.float32, device=self.device)
 
-    def packed_words(self, count, dtype):
-        return (count + 1) // 2 if dtype == "int16" else count
-
     def pack_indices(self, indices, dtype):
         """Indices as int32 words: int16 ones two to a word (the last padded with 0)."""
         if dtype == "int32":

@@ -27,7 +27,7 @@ from horovod_accordion.arguments import (check_optimizer_arguments, check_real_f
                                         exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer
+from horovod_accordion.reducers import make_reducer, split_state
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
 
@@ -217,15 +217,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         is this rank's own (error-feedback memory, TopK residuals, the window's Δ, the
         gradients of a large batch in progress): save one file per rank to resume exactly."""
         state = super(self.__class__, self).state_dict()
-        groups = self._reducer.state()
+        shared, per_rank = split_state(self._reducer)
         pending = self._micro_batches is not None and self._micro_batches.pending > 0
         state["accordion"] = {
             "schedule": self._accordion.state_dict(),
-            "reducer": self._ops.export_state({g: e for g, e in groups.items() if g not in self._reducer.per_rank}),
+            "reducer": self._ops.export_state(shared),
             "micro_batches": self._micro_batches.state_dict() if self._micro_batches else None,
             "per_rank": {
                 "rank": self._ops.process_set.rank(), "size": self._ops.size(), "owner": self._owner,
-                "reducer": self._ops.export_state({g: e for g, e in groups.items() if g in self._reducer.per_rank}),
+                "reducer": self._ops.export_state(per_rank),
                 "accumulated": [t.clone() for t in self._accumulated],
                 "gradients": [None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
             },
@@ -245,9 +245,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
 
     def _load_accordion_state(self, saved):
-        groups = self._reducer.state()
-        shared = {g: e for g, e in groups.items() if g not in self._reducer.per_rank}
-        per_rank = {g: e for g, e in groups.items() if g in self._reducer.per_rank}
+        shared, per_rank = split_state(self._reducer)
         if set(saved["reducer"]) != set(shared):
             raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
                              f"optimizer's {sorted(shared)}: it was saved with another compression")
