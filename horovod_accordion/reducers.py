@@ -234,7 +234,9 @@ class TopKReducer:
             dense.append(ops.cond(sparse, ops.empty_floats, lambda m=m, rest=rest: m - rest))
             layers.append((i, m, k, rest, sparse))
         reduced = fused_allreduce_mean(ops, dense + [grads[i] for i in self.uncompressed], "accordion.topk.dense")
-        gathered = ops.allgather(ops.concat(payload), "accordion.topk") if payload else None
+        # At ℓ_low (TopK 99 %) every layer may go dense: then torch makes no empty allgather.
+        any_sparse = payload and ops.any_flag([sparse for *_, sparse in layers])
+        gathered = ops.allgather(ops.concat(payload), "accordion.topk") if any_sparse else None
         offset = 0
         for (i, m, k, rest, sparse), dense_average in zip(layers, reduced):
             words = k + packed_index_words(k, self.index_dtypes[i])

@@ -105,6 +105,10 @@ class TorchOps:
     def constant_flag(self, value):
         return value
 
+    def any_flag(self, flags):
+        """Whether any of ``flags`` may be true: a collective that none needs is skipped."""
+        return any(flags)
+
     def zero_count(self):
         return 0
 
