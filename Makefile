@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 NP ?= 2
 
-.PHONY: setup demo test
+.PHONY: setup demo test test-gpu
 
 setup:
 	VENV=$(VENV) bash scripts/setup.sh
@@ -13,3 +13,8 @@ demo: setup
 
 test: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v tests
+
+# NCCL on two GPUs: run it in the GPU image (docker/Dockerfile.gpu), or after
+# HOROVOD_GPU_OPERATIONS=NCCL with the CUDA builds it names. Skips, saying why, without them.
+test-gpu: setup
+	HOROVOD_ACCORDION_GPU_TESTS=1 PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v -rs tests/test_gpu.py

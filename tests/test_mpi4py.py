@@ -1,5 +1,6 @@
 """Horovod on an mpi4py communicator, with process sets from ``MPI.COMM_WORLD.Split``:
-``mpirun -np 4`` (4 ranks on 2 cores, oversubscribed), two sets of 2 training their own models."""
+``mpirun -np 4`` (4 ranks on 2 cores, oversubscribed), two sets of 2 training their own models,
+in torch and in TensorFlow."""
 import json
 import pathlib
 import subprocess
@@ -11,10 +12,11 @@ from tests.conftest import REPO, worker_env
 
 
 @pytest.mark.multiworker
-def test_two_mpi4py_process_sets_decide_alike_inside_and_independently_across(tmp_path):
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_two_mpi4py_process_sets_decide_alike_inside_and_independently_across(framework, tmp_path):
     mpirun = subprocess.run(
         ["mpirun", "-np", "4", "--oversubscribe", sys.executable, "-m", "tests.workers.mpi4py_process_sets_job",
-         str(tmp_path)], cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
+         framework, str(tmp_path)], cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert mpirun.returncode == 0, mpirun.stdout[-3000:] + mpirun.stderr[-3000:]
     ranks = [json.loads((pathlib.Path(tmp_path) / f"rank{r}.json").read_text()) for r in range(4)]
     sets = {0: [ranks[0], ranks[2]], 1: [ranks[1], ranks[3]]}

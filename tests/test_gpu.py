@@ -1,0 +1,39 @@
+"""The torch and TF worker checks on GPU tensors through NCCL: ``make test-gpu``.
+
+Skipped in ``make test`` (CPU only). Under ``make test-gpu`` they skip, with the reason, on a
+machine without a CUDA GPU or with a Horovod built without NCCL (see docker/Dockerfile.gpu).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+
+
+def gpu_missing():
+    """Why these tests cannot run here, or ``None``; asked in a subprocess, so that pytest
+    itself never initialises CUDA."""
+    probe = ("import torch, horovod.torch as h; "
+             "print('no CUDA GPU visible to torch' if not torch.cuda.is_available() else "
+             "'only one GPU: the checks need two ranks' if torch.cuda.device_count() < 2 else "
+             "'' if h.nccl_built() else 'Horovod was built without NCCL: HOROVOD_GPU_OPERATIONS=NCCL make setup')")
+    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=worker_env())
+    return answer.stdout.strip() or (answer.stderr.strip()[-300:] if answer.returncode else None)
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if os.environ.get("HOROVOD_ACCORDION_GPU_TESTS") != "1":
+        pytest.skip("GPU tests run with `make test-gpu`")
+    reason = gpu_missing()
+    if reason:
+        pytest.skip(f"make test-gpu: {reason}")
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize("module", ["gpu_checks", "tf_gpu_checks"])
+def test_every_compression_on_gpu_matches_the_cpu(gpu, launches, module, controller):
+    launches(module, controller).check("check_every_compression_on_the_device_matches_the_cpu")
