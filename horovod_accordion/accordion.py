@@ -145,7 +145,7 @@ class Accordion:
         empty = self.window_empties_delta
         if self.window_is_check:
             if self.check_norm == "local":
-                squared = ops.allreduce_flat_mean(ops.squared_norms(accumulated), "accordion.norms")
+                squared = ops.start_allreduce_mean(ops.squared_norms(accumulated), "accordion.norms").wait()
             else:
                 squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "accordion.delta"))
             if self.end_window(ops.to_floats(squared), bytes_sent=ops.take_bytes_sent()):
@@ -172,7 +172,7 @@ class Accordion:
     def _verify_same_levels(self, ops):
         """All ranks see the same gathered rows, so they all raise or none does."""
         mine = [float(level) for level in self.levels] + [float(self.step), float(self.detector.windows_seen)]
-        rows = ops.to_floats(ops.allgather(ops.from_floats(mine), "accordion.verify_levels"))
+        rows = ops.to_floats(ops.start_allgather(ops.from_floats(mine), "accordion.verify_levels").wait())
         ops.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
         if any(row != rows[0] for row in rows):
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]

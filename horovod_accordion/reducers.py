@@ -16,8 +16,8 @@ from horovod_accordion.compression import (clamped_rank, index_bytes, index_dtyp
 
 from horovod_accordion.compression import PowerSGD, TopK
 
-__all__ = ["DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
-           "make_reducer", "split_state"]
+__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
+           "make_reducer", "split_state", "start_fused_allreduce_mean"]
 
 
 def make_reducer(compression, shapes, ops, plain_compressor):
@@ -48,22 +48,86 @@ def initial_query(seed, layer, rows, columns):
     return np.random.RandomState((seed * 1_000_003 + layer) % 2 ** 32).standard_normal((rows, columns))
 
 
-def fused_allreduce_mean(ops, tensors, name, compression=None):
-    """Average each tensor over ranks with one allreduce per wire dtype, like torch's
-    ``powerSGD_hook`` buckets, instead of one call per layer."""
-    outputs = [None] * len(tensors)
+def start_fused_allreduce_mean(ops, tensors, name, compression=None):
+    """Start averaging each tensor over ranks with one allreduce per wire dtype, like torch's
+    ``powerSGD_hook`` buckets, instead of one call per layer. Returns the pending result:
+    its ``wait()`` gives the averages, in order."""
     groups = {}
     for i, tensor in enumerate(tensors):
         groups.setdefault(ops.wire_dtype(tensor), []).append(i)
-    for wire_dtype, indices in groups.items():
-        members = [tensors[i] for i in indices]
-        flat = ops.allreduce_flat_mean(ops.flat_concat(members, wire_dtype), f"{name}.{wire_dtype}", compression)
-        for i, value in zip(indices, ops.split_like(flat, members)):
-            outputs[i] = value
-    return outputs
+    started = [(indices, ops.start_allreduce_mean(ops.flat_concat([tensors[i] for i in indices], wire_dtype),
+                                                  f"{name}.{wire_dtype}", compression))
+               for wire_dtype, indices in groups.items()]
+    return _FusedAverage(ops, tensors, started)
 
 
-class DenseReducer:
+class _FusedAverage:
+    def __init__(self, ops, tensors, started):
+        self.ops, self.tensors, self.started = ops, tensors, started
+
+    def wait(self):
+        outputs = [None] * len(self.tensors)
+        for indices, pending in self.started:
+            members = [self.tensors[i] for i in indices]
+            for i, value in zip(indices, self.ops.split_like(pending.wait(), members)):
+                outputs[i] = value
+        return outputs
+
+
+def fused_allreduce_mean(ops, tensors, name, compression=None):
+    return start_fused_allreduce_mean(ops, tensors, name, compression).wait()
+
+
+class BucketReduction:
+    """A reducer's work on one bucket of layers, run phase by phase.
+
+    ``reducer.phases(layers, grads, name)`` is a generator that starts its collectives and
+    yields before it waits on them. Starting a bucket runs its first phase (PowerSGD's P,
+    TopK's values and indices, the dense allreduce), so a backend with asynchronous
+    collectives (torch) sends it while backward computes the next bucket; ``finish``
+    advances every started bucket one phase at a time, so each phase of a later bucket is in
+    flight while an earlier one waits. A backend whose collectives are graph ops (TF) runs
+    one bucket of every layer, for the same maths.
+    """
+
+    def __init__(self, phases):
+        self._phases = phases
+        self.outputs = None
+        self.advance()
+
+    def advance(self):
+        """Run the next phase; ``False`` once the bucket's outputs (``{layer: average}``) are in."""
+        if self.outputs is not None:
+            return False
+        try:
+            next(self._phases)
+            return True
+        except StopIteration as done:
+            self.outputs = done.value
+            return False
+
+    @staticmethod
+    def finish(reductions):
+        """Every started bucket's outputs, as one ``{layer: average}``."""
+        running = list(reductions)
+        while running:
+            running = [reduction for reduction in running if reduction.advance()]
+        return {layer: value for reduction in reductions for layer, value in reduction.outputs.items()}
+
+
+class _Reducer:
+    """What every reducer shares: ``reduce`` is all layers as one bucket."""
+
+    def start(self, layers, grads, name=""):
+        """Start reducing ``grads`` of the layers ``layers`` (one bucket), as a ``BucketReduction``."""
+        return BucketReduction(self.phases(list(layers), list(grads), name))
+
+    def reduce(self, grads):
+        outputs = BucketReduction.finish([self.start(range(len(grads)), grads)])
+        return [outputs[i] for i in range(len(grads))]
+
+
+class DenseReducer(_Reducer):
     """A plain Horovod compressor (none, fp16): one fused allreduce, no levels."""
 
     per_rank = ()
@@ -75,14 +139,16 @@ class DenseReducer:
     def set_levels(self, levels):
         pass
 
-    def reduce(self, grads):
-        return fused_allreduce_mean(self.ops, grads, "accordion.dense", self.compression)
+    def phases(self, layers, grads, name):
+        pending = start_fused_allreduce_mean(self.ops, grads, f"accordion.dense{name}", self.compression)
+        yield
+        return dict(zip(layers, pending.wait()))
 
     def state(self):
         return {}
 
 
-class PowerSGDReducer:
+class PowerSGDReducer(_Reducer):
     """PowerSGD with a switchable rank, batched over all layers (Vogels et al. 2019, Alg. 1).
 
     Per step, for every compressed layer (M viewed as n×m, Q of shape m×r)::
@@ -121,7 +187,6 @@ class PowerSGDReducer:
         self.ops = ops
         self.shapes = [tuple(s) for s in shapes]
         self.compressed = [i for i, s in enumerate(self.shapes) if powersgd_compresses(s, config)]
-        self.uncompressed = [i for i in range(len(self.shapes)) if i not in set(self.compressed)]
         self.memory, self.q, self.ranks = {}, {}, {}
         for i in self.compressed:
             n, m = matrix_shape(self.shapes[i])
@@ -139,37 +204,39 @@ class PowerSGDReducer:
         for i in self.compressed:
             self.ops.set_level(self.ranks[i], clamped_rank(levels[i], self.shapes[i]))
 
-    def reduce(self, grads):
+    def phases(self, layers, grads, name):
         ops = self.ops
-        outputs = [None] * len(grads)
+        compressed = [(i, g) for i, g in zip(layers, grads) if i in self.ranks]
+        dense = [(i, g) for i, g in zip(layers, grads) if i not in self.ranks]
         matrices, ps = [], []
-        for i in self.compressed:
-            m = ops.as_matrix(grads[i], matrix_shape(self.shapes[i]))
+        for i, grad in compressed:
+            m = ops.as_matrix(grad, matrix_shape(self.shapes[i]))
             if self.config.use_error_feedback:
                 m = m + ops.read(self.memory[i])
             matrices.append(m)
             ps.append(ops.matmul(m, ops.leading_columns(self.q[i], self.ranks[i])))
-        dense = [grads[i] for i in self.uncompressed]
-        reduced = fused_allreduce_mean(ops, ps + dense, "accordion.powersgd.P")
+        pending = start_fused_allreduce_mean(ops, ps + [g for _, g in dense], f"accordion.powersgd.P{name}")
+        yield
+        reduced = pending.wait()
+        outputs = {i: value for (i, _), value in zip(dense, reduced[len(ps):])}
         ps = [ops.orthogonalize(p) for p in reduced[:len(ps)]]
-        for i, value in zip(self.uncompressed, reduced[len(ps):]):
-            outputs[i] = value
-        qs = fused_allreduce_mean(ops, [ops.matmul(ops.transpose(m), p) for m, p in zip(matrices, ps)],
-                                  "accordion.powersgd.Q")
-        for i, m, p, q in zip(self.compressed, matrices, ps, qs):
+        pending = start_fused_allreduce_mean(ops, [ops.matmul(ops.transpose(m), p) for m, p in zip(matrices, ps)],
+                                             f"accordion.powersgd.Q{name}")
+        yield
+        for (i, grad), m, p, q in zip(compressed, matrices, ps, pending.wait()):
             approximation = ops.matmul(p, ops.transpose(q))
             if self.config.use_error_feedback:
                 ops.assign(self.memory[i], ops.finite_or(m - approximation, ops.read(self.memory[i])))
             if self.config.warm_start:
                 ops.assign_leading_columns(self.q[i], ops.finite_or(q, ops.leading_columns(self.q[i], self.ranks[i])))
-            outputs[i] = ops.like(approximation, grads[i])
+            outputs[i] = ops.like(approximation, grad)
         return outputs
 
     def state(self):
         return {"memory": self.memory, "q": self.q, "ranks": self.ranks}
 
 
-class TopKReducer:
+class TopKReducer(_Reducer):
     """TopK sparsification with a switchable kept fraction and error feedback.
 
     Per step, for every compressed layer::
@@ -200,7 +267,6 @@ class TopKReducer:
         self.ops = ops
         self.shapes = [tuple(s) for s in shapes]
         self.compressed = [i for i, s in enumerate(self.shapes) if is_matrix(s) and np.prod(s) > 0]
-        self.uncompressed = [i for i in range(len(self.shapes)) if i not in set(self.compressed)]
         self.numels = {i: int(np.prod(self.shapes[i])) for i in self.compressed}
         self.residual = {i: ops.state(np.zeros(self.numels[i]), f"topk_residual_{i}") for i in self.compressed}
         self.fractions = {i: ops.level(float(config.low_fraction), f"topk_fraction_{i}") for i in self.compressed}
@@ -215,12 +281,13 @@ class TopKReducer:
             return self.ops.constant_flag(self.config.wire == "sparse")
         return sparse_is_cheaper(k, self.numels[i], index_bytes(self.index_dtypes[i]), self.ops.size())
 
-    def reduce(self, grads):
+    def phases(self, layers, grads, name):
         ops = self.ops
-        outputs = [None] * len(grads)
-        layers, payload, dense = [], [], []
-        for i in self.compressed:
-            m = ops.as_matrix(grads[i], (-1,))
+        sparsified, payload, dense = [], [], []
+        for i, grad in zip(layers, grads):
+            if i not in self.fractions:
+                continue
+            m = ops.as_matrix(grad, (-1,))
             if self.config.use_error_feedback:
                 m = m + ops.read(self.residual[i])
             k = ops.kept_count(self.fractions[i], m)
@@ -232,13 +299,18 @@ class TopKReducer:
                     [ops.float_bits(ops.gather(m, indices)), ops.pack_indices(indices, self.index_dtypes[i])]),
                 ops.empty_words))
             dense.append(ops.cond(sparse, ops.empty_floats, lambda m=m, rest=rest: m - rest))
-            layers.append((i, m, k, rest, sparse))
-        reduced = fused_allreduce_mean(ops, dense + [grads[i] for i in self.uncompressed], "accordion.topk.dense")
+            sparsified.append((i, grad, m, k, rest, sparse))
+        uncompressed = [(i, g) for i, g in zip(layers, grads) if i not in self.fractions]
+        averaging = start_fused_allreduce_mean(ops, dense + [g for _, g in uncompressed], f"accordion.topk.dense{name}")
         # At ℓ_low (TopK 99 %) every layer may go dense: then torch makes no empty allgather.
-        any_sparse = payload and ops.any_flag([sparse for *_, sparse in layers])
-        gathered = ops.allgather(ops.concat(payload), "accordion.topk") if any_sparse else None
+        any_sparse = payload and ops.any_flag([sparse for *_, sparse in sparsified])
+        gathering = ops.start_allgather(ops.concat(payload), f"accordion.topk{name}") if any_sparse else None
+        yield
+        reduced = averaging.wait()
+        gathered = gathering.wait() if gathering is not None else None
+        outputs = {i: value for (i, _), value in zip(uncompressed, reduced[len(sparsified):])}
         offset = 0
-        for (i, m, k, rest, sparse), dense_average in zip(layers, reduced):
+        for (i, grad, m, k, rest, sparse), dense_average in zip(sparsified, reduced):
             words = k + packed_index_words(k, self.index_dtypes[i])
 
             def sparse_average(m=m, i=i, k=k, offset=offset, words=words):
@@ -251,9 +323,7 @@ class TopKReducer:
             offset = offset + ops.cond(sparse, lambda words=words: words, lambda: ops.zero_count())
             if self.config.use_error_feedback:
                 ops.assign(self.residual[i], ops.finite_or(rest, ops.read(self.residual[i]), also=average))
-            outputs[i] = ops.like(average, grads[i])
-        for i, value in zip(self.uncompressed, reduced[len(layers):]):
-            outputs[i] = value
+            outputs[i] = ops.like(average, grad)
         return outputs
 
     def state(self):

@@ -16,3 +16,10 @@ def test_torch(launches, controller, check):
 @pytest.mark.parametrize("check", check_names("torch_reliability_checks"))
 def test_torch_reliability(launches, controller, check):
     launches("torch_reliability_checks", controller).check(check)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("check", check_names("torch_overlap_checks"))
+def test_torch_overlap(launches, controller, check):
+    launches("torch_overlap_checks", controller).check(check)

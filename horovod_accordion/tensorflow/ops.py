@@ -14,6 +14,16 @@ __all__ = ["TensorFlowOps"]
 _WIRE_DTYPES = {tf.bfloat16: tf.float32}
 
 
+class _Done:
+    """A collective's output as the reducers wait for it."""
+
+    def __init__(self, output):
+        self.output = output
+
+    def wait(self):
+        return self.output
+
+
 class TensorFlowOps:
     def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0):
         self.process_set = process_set
@@ -169,19 +179,20 @@ class TensorFlowOps:
         chunks = tf.split(flat, [tf.size(t) for t in tensors])
         return [tf.cast(tf.reshape(chunk, tf.shape(t)), t.dtype) for chunk, t in zip(chunks, tensors)]
 
-    def allreduce_flat_mean(self, flat, name, compression=None):
+    def start_allreduce_mean(self, flat, name, compression=None):
+        """A graph op: TF runs it when its inputs are ready, so it is done when started."""
         compression = compression or hvd.Compression.none
         wire, ctx = compression.compress(flat)
         self._count(wire)
         reduced = hvd.allreduce(wire, name=name, op=hvd.Average,
                                 prescale_factor=1.0 / self.gradient_predivide_factor,
                                 postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
-        return compression.decompress(reduced, ctx)
+        return _Done(compression.decompress(reduced, ctx))
 
-    def allgather(self, flat, name):
+    def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len)."""
         self._count(flat)
-        return tf.reshape(hvd.allgather(flat, name=name, process_set=self.process_set), [self.size(), -1])
+        return _Done(tf.reshape(hvd.allgather(flat, name=name, process_set=self.process_set), [self.size(), -1]))
 
     def _count(self, tensor):
         self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)

@@ -23,6 +23,16 @@ class Level:
         self.value = value
 
 
+class _Pending:
+    """A started Horovod collective and what to do with its output."""
+
+    def __init__(self, handle, finish):
+        self.handle, self.finish = handle, finish
+
+    def wait(self):
+        return self.finish(hvd.synchronize(self.handle))
+
+
 class TorchOps:
     def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, device="cpu"):
         self.process_set = process_set
@@ -177,21 +187,23 @@ class TorchOps:
         chunks = flat.split([t.numel() for t in tensors])
         return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
 
-    def allreduce_flat_mean(self, flat, name, compression=None):
+    def start_allreduce_mean(self, flat, name, compression=None):
+        """Start Horovod's asynchronous allreduce; the result's ``wait()`` gives the average."""
         compression = compression or NoneCompressor
         wire, ctx = compression.compress(flat)
         self.bytes_sent += wire.numel() * wire.element_size()
         # Pre/post-scaling splits the average, as Horovod's optimizer does, so that fp16
         # sums of many workers do not overflow (horovod#1699).
-        reduced = hvd.allreduce(wire, name=name, op=hvd.Average,
-                                prescale_factor=1.0 / self.gradient_predivide_factor,
-                                postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
-        return compression.decompress(reduced, ctx)
+        handle = hvd.allreduce_async(wire, name=name, op=hvd.Average,
+                                     prescale_factor=1.0 / self.gradient_predivide_factor,
+                                     postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
+        return _Pending(handle, lambda reduced: compression.decompress(reduced, ctx))
 
-    def allgather(self, flat, name):
-        """Every rank's 1-D ``flat``, as shape (size, len)."""
+    def start_allgather(self, flat, name):
+        """Start gathering every rank's 1-D ``flat``; ``wait()`` gives them as shape (size, len)."""
         self.bytes_sent += flat.numel() * flat.element_size()
-        return hvd.allgather(flat, name=name, process_set=self.process_set).view(self.size(), -1)
+        handle = hvd.allgather_async(flat, name=name, process_set=self.process_set)
+        return _Pending(handle, lambda gathered: gathered.view(self.size(), -1))
 
     def take_bytes_sent(self):
         sent, self.bytes_sent = self.bytes_sent, 0

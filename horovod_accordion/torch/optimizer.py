@@ -2,17 +2,21 @@
 or, with ``batch_switch``, the batch size.
 
 Like Horovod's, it is a factory that subclasses the user's optimizer class, so
-``isinstance`` and ``state_dict`` keep working. Unlike Horovod's, it communicates in
-``synchronize()`` (called by ``step()``) rather than from per-parameter hooks: PowerSGD
-needs every layer's P before the first allreduce, and one fused collective per phase
-beats one per layer. Gradients accumulate in ``.grad`` between steps, so any number of
-backward passes per step is correct.
+``isinstance`` and ``state_dict`` keep working. Like DDP, it groups the parameters into
+buckets of ``bucket_cap_mb`` (see ``horovod_accordion.buckets``): a hook on each parameter's
+gradient accumulation starts a bucket's first collective (the dense allreduce, PowerSGD's P,
+TopK's values and indices) as soon as its last gradient of the step is in, while backward
+goes on; ``synchronize()`` (called by ``step()``) starts the buckets that no backward filled
+(unused parameters, gradients set by hand) and runs the remaining phases of all of them.
 
 With ``batch_switch``, ``step()`` and ``zero_grad()`` are called after every micro-batch as
 usual; the optimizer accumulates ``micro_batches_per_step`` of them (1 or m, Accordion's
-choice), averages them, communicates once and applies the step with a scaled LR.
+choice), averages them, communicates once and applies the step with a scaled LR. A
+micro-batch's backward cannot know whether it completes the large batch (``step()`` decides),
+so batch switching communicates in ``synchronize()``.
 """
 
+import functools
 import uuid
 import warnings
 import weakref
@@ -26,8 +30,9 @@ from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
                                         exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
+from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer, split_state
+from horovod_accordion.reducers import BucketReduction, make_reducer, split_state
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
 
@@ -40,7 +45,7 @@ class AccordionOptimizer:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set, batch_switch,
+                 gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, bucket_cap_mb,
                  accordion_options):
         super(self.__class__, self).__init__(params)
         self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
@@ -84,6 +89,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             weakref.finalize(self, _warn_if_no_window_closed, self._accordion)
         self._synchronized = False
         self._should_synchronize = True
+        self._buckets = assign_buckets([p.numel() * p.element_size() for p in self._params], bucket_cap_mb)
+        self._bucket_of = {layer: b for b, layers in enumerate(self._buckets) for layer in layers}
+        self._reset_buckets()
+        if batch_switch is None and process_set.included():
+            # The hooks must not keep the optimizer alive: its finalizer warns about unclosed windows.
+            this = weakref.ref(self)
+            for layer, p in enumerate(self._params):
+                p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, this, layer))
         # Tells this process's own saved state (an elastic commit) from another rank's file.
         self._owner = uuid.uuid4().hex
         self._signature = (compression, process_set)
@@ -99,30 +112,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
 
+    def _reset_buckets(self):
+        self._passes = [0] * len(self._params)  # backward passes seen this step, per layer
+        self._ready = [0] * len(self._buckets)  # layers whose gradient is complete, per bucket
+        self._started = {}  # bucket -> its BucketReduction
+
+    def _gradient_ready(self, layer):
+        """A backward pass has accumulated ``layer``'s gradient: start its bucket once every
+        layer in it has all ``backward_passes_per_step`` passes."""
+        self._passes[layer] += 1
+        if self._passes[layer] > self.backward_passes_per_step:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                "Increase backward_passes_per_step to accumulate gradients locally.")
+        if self._passes[layer] == self.backward_passes_per_step:
+            bucket = self._bucket_of[layer]
+            self._ready[bucket] += 1
+            if self._ready[bucket] == len(self._buckets[bucket]):
+                self._start_bucket(bucket)
+
+    def _start_bucket(self, bucket):
+        self._observe_lr()  # this step's levels, before its first collective
+        layers = self._buckets[bucket]
+        grads = [self._dense_grad(self._params[layer]) for layer in layers]
+        window = slice(layers[0], layers[-1] + 1)
+        if self._accordion.adaptive:
+            self._accordion.count_non_finite(self._ops, self._non_finite_counts[window], grads)
+        if self._accordion.window_accumulates:
+            self._accordion.accumulate(self._ops, self._accumulated[window], grads)
+        if self._micro_batches and self._micro_batches.pending > 1:
+            grads = [g / self._micro_batches.pending for g in grads]  # the mean over the large batch
+        self._started[bucket] = self._reducer.start(layers, grads, name=f".b{bucket}")
+
     def synchronize(self):
         """Average the gradients over ranks, compressed at each layer's current level."""
         if not self.process_set.included():
             self._synchronized = True
             return
         self._observe_lr()
-        grads = [self._dense_grad(p) for p in self._params]
-        if self._accordion.adaptive:
-            self._accordion.count_non_finite(self._ops, self._non_finite_counts, grads)
-        if self._accordion.window_accumulates:
-            self._accordion.accumulate(self._ops, self._accumulated, grads)
-        micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
-        if self._micro_batches and micro_batches > 1:
-            grads = [g / micro_batches for g in grads]  # the mean over the large batch
-        averaged = self._reducer.reduce(grads)
-        if self.op == hvd.Sum:
-            averaged = [g * self._ops.size() for g in averaged]
-        for p, grad in zip(self._params, averaged):
+        for bucket in range(len(self._buckets)):
+            if bucket not in self._started:
+                self._start_bucket(bucket)
+        averaged = BucketReduction.finish(list(self._started.values()))
+        self._reset_buckets()
+        for layer, p in enumerate(self._params):
+            grad = averaged[layer] * self._ops.size() if self.op == hvd.Sum else averaged[layer]
             if p.grad is None:
                 p.grad = grad
             elif p.grad.is_sparse:
                 p.grad = grad.to_sparse()
             else:
                 p.grad.copy_(grad)
+        micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
         window_complete = self._accordion.step_done(micro_batches)
         record = self._micro_batches.complete_step() if self._micro_batches else {}
         self._lr_factor = record.get("lr_factor", 1.0)
@@ -208,6 +249,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 group["lr"] = lr
 
     def zero_grad(self, set_to_none=True):
+        if self._started:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
         if self._micro_batches and self._micro_batches.pending > 0:
             return  # mid-way through a large batch: the micro-batch gradients must add up
         super(self.__class__, self).zero_grad(set_to_none)
@@ -308,6 +353,12 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     return None
 
 
+def _gradient_ready(optimizer_ref, layer, _parameter):
+    optimizer = optimizer_ref()
+    if optimizer is not None:
+        optimizer._gradient_ready(layer)
+
+
 def _warn_if_no_window_closed(accordion):
     """At exit (or when the optimizer is collected): the misuse is certain only once training is over."""
     if accordion.step > 0 and accordion.detector.windows_seen == 0:
@@ -362,7 +413,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          process_set=hvd.global_process_set, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
                          lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
-                         log_path=None, tensorboard_dir=None, batch_switch=None):
+                         log_path=None, tensorboard_dir=None, batch_switch=None, bucket_cap_mb=25):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
@@ -390,6 +441,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (1 or m micro-batches per communication, whole-model decision) instead of the
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
             micro-batch; the optimizer averages the micro-batches and scales the LR.
+        bucket_cap_mb: gradients are reduced in buckets of up to this many megabytes (the
+            first one: 1 MB), each started from backward as soon as it is complete, as in
+            DDP. ``None``: one bucket, started when backward has produced every gradient.
     """
     check_optimizer_arguments({hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}.get(op, op),
                               gradient_predivide_factor, backward_passes_per_step)
@@ -407,4 +461,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              check_norm=check_norm, verify_levels=verify_levels, log_path=log_path,
                              tensorboard_dir=tensorboard_dir)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, accordion_options)
+               gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, bucket_cap_mb,
+               accordion_options)
