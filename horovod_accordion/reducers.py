@@ -226,7 +226,7 @@ class PowerSGDReducer(_Reducer):
         for (i, grad), m, p, q in zip(compressed, matrices, ps, pending.wait()):
             approximation = ops.matmul(p, ops.transpose(q))
             if self.config.use_error_feedback:
-                ops.assign(self.memory[i], ops.finite_or(m - approximation, ops.read(self.memory[i])))
+                ops.assign_if_finite(self.memory[i], m - approximation)
             if self.config.warm_start:
                 ops.assign_leading_columns(self.q[i], ops.finite_or(q, ops.leading_columns(self.q[i], self.ranks[i])))
             outputs[i] = ops.like(approximation, grad)
@@ -322,7 +322,7 @@ class TopKReducer(_Reducer):
             average = ops.cond(sparse, sparse_average, lambda dense_average=dense_average: dense_average)
             offset = offset + ops.cond(sparse, lambda words=words: words, lambda: ops.zero_count())
             if self.config.use_error_feedback:
-                ops.assign(self.residual[i], ops.finite_or(rest, ops.read(self.residual[i]), also=average))
+                ops.assign_if_finite(self.residual[i], rest, also=average)
             outputs[i] = ops.like(average, grad)
         return outputs
 

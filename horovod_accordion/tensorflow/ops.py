@@ -86,12 +86,16 @@ class TensorFlowOps:
     def zeroed_at(self, m, indices):
         return tf.tensor_scatter_nd_update(m, indices[:, None], tf.zeros(tf.shape(indices), m.dtype))
 
+    def all_finite(self, *tensors):
+        """Whether every entry is finite, in the graph; the sum's test, as in the torch backend."""
+        return tf.reduce_all([tf.math.is_finite(tf.reduce_sum(t)) for t in tensors])
+
     def finite_or(self, value, fallback, also=None):
-        """``value`` if all of it (and of ``also``) is finite, else ``fallback``; in the graph."""
-        finite = tf.reduce_all(tf.math.is_finite(value))
-        if also is not None:
-            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(also)))
-        return tf.where(finite, value, fallback)
+        """``value`` if all of it (and of ``also``) is finite, else ``fallback``."""
+        return tf.where(self.all_finite(value, *([] if also is None else [also])), value, fallback)
+
+    def assign_if_finite(self, state, value, also=None):
+        state.assign(self.finite_or(value, state, also))
 
     def add_to(self, total, value):
         total.assign_add(tf.cast(value, total.dtype))
@@ -153,7 +157,7 @@ class TensorFlowOps:
         return tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float64))) for t in tensors])
 
     def non_finite_flags(self, tensors):
-        return tf.stack([tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(t))), tf.float32)
+        return tf.stack([tf.cast(tf.logical_not(self.all_finite(t)), tf.float32)
                          for t in tensors])
 
     def to_floats(self, tensor):

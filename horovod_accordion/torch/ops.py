@@ -94,13 +94,20 @@ class TorchOps:
     def zeroed_at(self, m, indices):
         return m.index_fill(0, indices.long(), 0)
 
+    def all_finite(self, *tensors):
+        """Whether every entry is finite, as a device flag (no host sync). One read per tensor:
+        a NaN or inf makes the sum non-finite; so does a sum beyond fp32's range, which only
+        values that are useless as gradients reach."""
+        flags = [torch.isfinite(t.sum()) for t in tensors]
+        return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
     def finite_or(self, value, fallback, also=None):
-        """``value`` if all of it (and of ``also``) is finite, else ``fallback``; decided on the
-        device, with no host sync."""
-        finite = torch.isfinite(value).all()
-        if also is not None:
-            finite = finite & torch.isfinite(also).all()
-        return torch.where(finite, value, fallback)
+        """``value`` if all of it (and of ``also``) is finite, else ``fallback``."""
+        return torch.where(self.all_finite(value, *([] if also is None else [also])), value, fallback)
+
+    def assign_if_finite(self, state, value, also=None):
+        """``state = value`` if all of ``value`` (and of ``also``) is finite, written in place."""
+        torch.where(self.all_finite(value, *([] if also is None else [also])), value, state, out=state)
 
     def add_to(self, total, value):
         total.add_(value)
@@ -162,7 +169,7 @@ class TorchOps:
         return torch.stack([t.double().pow(2).sum() for t in tensors])
 
     def non_finite_flags(self, tensors):
-        return torch.stack([~torch.isfinite(t).all() for t in tensors]).to(torch.float32)
+        return torch.stack([~self.all_finite(t) for t in tensors]).to(torch.float32)
 
     def to_floats(self, tensor):
         return tensor.tolist()

@@ -1,0 +1,220 @@
+"""Seconds per step of ResNet-18 (CIFAR shapes), ours against stock Horovod and torch DDP.
+
+Run by ``benchmarks/speed.sh`` once per link, inside that link's network namespace:
+
+    horovodrun -np 2 --gloo python benchmarks/speed.py --link 100mbit --rate-mbit 100 \\
+        --out benchmarks/results/speed_resnet18.json
+
+Every variant is built once and timed in rounds, all interleaved in one job, so the ratios
+come from the same machine at the same time; DDP runs in the same processes over its own
+Gloo process group on the same link. A figure is the median of the timed steps of every
+round, after each round's warm-up steps. ``bytes_per_step`` is what each rank sends:
+Accordion's own count for ours, the shapes' count for Horovod and DDP (the same rules as
+torch's ``powerSGD_hook``). ``wire_bound_s`` is the time the shared link needs for both
+ranks' bytes: with 2 ranks a ring allreduce and an allgather send each rank's bytes once.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import horovod.torch as horovod
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+import horovod_accordion.torch as hvd
+from horovod_accordion.compression import PowerSGD, matrix_shape, powersgd_compresses
+
+BATCH = 16
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inputs, outputs, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def resnet18(classes=10):
+    """The CIFAR ResNet-18 (3×3 stem, no max-pool): 11.17 M parameters."""
+    torch.manual_seed(0)
+    layers, width = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()], 64
+    for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [BasicBlock(width, outputs, stride), BasicBlock(outputs, outputs, 1)]
+        width = outputs
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
+
+
+def ours(compression, **accordion):
+    def build(model):
+        return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                        named_parameters=model.named_parameters(), compression=compression,
+                                        **accordion)
+    return build
+
+
+def ddp(hook=None, state=None):
+    def build(model):
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        if hook is not None:
+            wrapped.register_comm_hook(state() if callable(state) else state, hook)
+        return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+    return build
+
+
+def powersgd_state(rank):
+    return lambda: powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                               start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+
+
+# Accordion with checks inside the timed steps: a window per step, a check per window.
+CHECKING = dict(window_steps=1, interval=1)
+VARIANTS = {
+    "compute only": ("local", None),
+    "stock horovod": ("horovod", None),
+    "ours none": ("ours", ours(hvd.Compression.none)),
+    "ours fp16": ("ours", ours(hvd.Compression.fp16)),
+    "ours powersgd r1": ("ours", ours(hvd.Compression.powersgd(1))),
+    "ours powersgd r2": ("ours", ours(hvd.Compression.powersgd(2))),
+    "ours powersgd r4": ("ours", ours(hvd.Compression.powersgd(4))),
+    "ours accordion powersgd 2/1": ("ours", ours(hvd.Compression.powersgd(2, 1), **CHECKING)),
+    "ours topk 0.01": ("ours", ours(hvd.Compression.topk(0.01))),
+    "ours topk 0.1": ("ours", ours(hvd.Compression.topk(0.1))),
+    "ours accordion topk 0.99/0.1": ("ours", ours(hvd.Compression.topk(0.99, 0.1), **CHECKING)),
+    "ddp allreduce": ("ddp", ddp()),
+    "ddp fp16_compress_hook": ("ddp", ddp(default_hooks.fp16_compress_hook, None)),
+    "ddp powersgd r1": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(1))),
+    "ddp powersgd r2": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(2))),
+}
+
+
+def shape_bytes(model, kind, rank=None):
+    """Bytes each rank sends per step, from the parameter shapes."""
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    if kind == "dense":
+        return 4 * sum(torch.Size(s).numel() for s in shapes)
+    if kind == "fp16":
+        return 2 * sum(torch.Size(s).numel() for s in shapes)
+    config = PowerSGD(rank, rank)
+    return 4 * sum(rank * sum(matrix_shape(s)) if powersgd_compresses(s, config) else torch.Size(s).numel()
+                   for s in shapes)
+
+
+class Variant:
+    def __init__(self, name, kind, build):
+        self.name, self.kind = name, kind
+        self.model = resnet18()
+        if kind == "ours":
+            self.optimizer = build(self.model)
+            self.forward = self.model
+        elif kind == "ddp":
+            self.forward, self.optimizer = build(self.model)
+        else:
+            self.forward = self.model
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+            if kind == "horovod":
+                self.optimizer = horovod.DistributedOptimizer(self.optimizer,
+                                                              named_parameters=self.model.named_parameters())
+        self.times = []
+
+    def step(self, x, y):
+        started = time.perf_counter()
+        self.optimizer.zero_grad()
+        F.cross_entropy(self.forward(x), y).backward()
+        self.optimizer.step()
+        return time.perf_counter() - started
+
+    def bytes_per_step(self):
+        if self.kind == "ours":
+            return self.optimizer.accordion_stats()["bytes_per_step"][-1]
+        if self.kind == "local":
+            return 0
+        if self.name == "ddp fp16_compress_hook":
+            return shape_bytes(self.model, "fp16")
+        if self.name.startswith("ddp powersgd"):
+            return shape_bytes(self.model, "powersgd", rank=int(self.name[-1]))
+        return shape_bytes(self.model, "dense")
+
+    def levels(self):
+        if self.kind != "ours" or not self.optimizer.accordion_stats()["checks"]:
+            return None
+        return sorted({str(level) for level in self.optimizer.accordion_stats()["levels"].values()})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--link", required=True, help="the key in the results: none, 1gbit, 100mbit")
+    parser.add_argument("--rate-mbit", type=float, help="the link's rate, for the wire bound")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every round")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", help="comma-separated subset of the variant names")
+    parser.add_argument("--out")
+    parser.add_argument("--command", help="the command to record (speed.sh passes its own)")
+    args = parser.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
+    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    variants = [Variant(name, *VARIANTS[name]) for name in names]
+    generator = torch.Generator().manual_seed(hvd.rank())
+    for _ in range(args.rounds):
+        for variant in variants:
+            horovod.allreduce(torch.zeros(1), name="speed.barrier")
+            for step in range(args.warmup + args.steps):
+                x = torch.randn(BATCH, 3, 32, 32, generator=generator)
+                y = torch.randint(0, 10, (BATCH,), generator=generator)
+                seconds = variant.step(x, y)
+                if step >= args.warmup:
+                    variant.times.append(seconds)
+            if hvd.rank() == 0:
+                print(f"{args.link} {variant.name}: {statistics.median(variant.times[-args.steps:]):.3f} s/step",
+                      flush=True)
+    results = {}
+    for variant in variants:
+        sent = variant.bytes_per_step()
+        rounds = [variant.times[r * args.steps:(r + 1) * args.steps] for r in range(args.rounds)]
+        results[variant.name] = {
+            "median_step_s": round(statistics.median(variant.times), 4),
+            "round_medians_s": [round(statistics.median(times), 4) for times in rounds],
+            "bytes_per_step": sent,
+            "wire_bound_s": None if args.rate_mbit is None else
+            round(hvd.size() * sent * 8 / (args.rate_mbit * 1e6), 4),
+        }
+        if variant.levels() is not None:
+            results[variant.name]["levels_at_end"] = variant.levels()
+    if hvd.rank() == 0 and args.out:
+        record = json.load(open(args.out)) if os.path.exists(args.out) else {}
+        record.update({
+            "command": args.command or " ".join([sys.executable] + sys.argv),
+            "model": "resnet18-cifar", "batch_per_rank": BATCH, "ranks": hvd.size(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                       f"1 thread per rank, Gloo",
+            "timing": f"median of {args.rounds} rounds x {args.steps} timed steps, {args.warmup} warm-up steps "
+                      f"per round, all variants interleaved in one job per link",
+        })
+        record.setdefault("links", {})[args.link] = results
+        with open(args.out, "w") as stream:
+            json.dump(record, stream, indent=2)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
