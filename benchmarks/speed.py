@@ -68,9 +68,9 @@ def ours(compression, **accordion):
     return build
 
 
-def ddp(hook=None, state=None):
+def ddp(hook=None, state=None, bucket_cap_mb=None):
     def build(model):
-        wrapped = nn.parallel.DistributedDataParallel(model)
+        wrapped = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
         if hook is not None:
             wrapped.register_comm_hook(state() if callable(state) else state, hook)
         return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
@@ -98,9 +98,17 @@ VARIANTS = {
     "ours accordion topk 0.99/0.1": ("ours", ours(hvd.Compression.topk(0.99, 0.1), **CHECKING)),
     "ddp allreduce": ("ddp", ddp()),
     "ddp fp16_compress_hook": ("ddp", ddp(default_hooks.fp16_compress_hook, None)),
-    "ddp powersgd r1": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(1))),
-    "ddp powersgd r2": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(2))),
+    # One bucket: with several, torch's hook issues a bucket's P and Q allreduces from Gloo's
+    # callback thread, racing the next bucket's allreduce, and aborted every job here ("Received
+    # data size doesn't match expected size").
+    "ddp powersgd r1": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(1), bucket_cap_mb=100)),
+    "ddp powersgd r2": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(2), bucket_cap_mb=100)),
 }
+
+
+def group_of(name):
+    """The job a variant runs in (see speed.sh)."""
+    return "ddp-powersgd" if name.startswith("ddp powersgd") else "ddp" if name.startswith("ddp") else "ours"
 
 
 def shape_bytes(model, kind, rank=None):
@@ -164,6 +172,9 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", help="comma-separated subset of the variant names")
+    parser.add_argument("--group", choices=["ours", "ddp", "ddp-powersgd"],
+                        help="ours (with stock Horovod and compute only), DDP's allreduce and fp16 hook, or "
+                             "DDP's powerSGD_hook")
     parser.add_argument("--out")
     parser.add_argument("--command", help="the command to record (speed.sh passes its own)")
     args = parser.parse_args()
@@ -172,7 +183,8 @@ def main():
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    names = args.variants.split(",") if args.variants else [name for name in VARIANTS if group_of(name) in (
+        args.group, None if args.group else group_of(name))]
     variants = [Variant(name, *VARIANTS[name]) for name in names]
     generator = torch.Generator().manual_seed(hvd.rank())
     for _ in range(args.rounds):
@@ -208,9 +220,10 @@ def main():
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
                        f"1 thread per rank, Gloo",
             "timing": f"median of {args.rounds} rounds x {args.steps} timed steps, {args.warmup} warm-up steps "
-                      f"per round, all variants interleaved in one job per link",
+                      f"per round; per link, three jobs back to back, each with its variants interleaved: "
+                      f"ours with stock Horovod and compute only; DDP allreduce and fp16; DDP PowerSGD",
         })
-        record.setdefault("links", {})[args.link] = results
+        record.setdefault("links", {}).setdefault(args.link, {}).update(results)
         with open(args.out, "w") as stream:
             json.dump(record, stream, indent=2)
     dist.destroy_process_group()

@@ -149,17 +149,17 @@ class DenseReducer(_Reducer):
 
 
 class PowerSGDReducer(_Reducer):
-    """PowerSGD with a switchable rank, batched over all layers (Vogels et al. 2019, Alg. 1).
+    """PowerSGD with a switchable rank, batched over the layers of a bucket (Vogels et al. 2019, Alg. 1).
 
     Per step, for every compressed layer (M viewed as n×m, Q of shape m×r)::
 
         M = grad + memory                 error feedback
-        P = M Q;     allreduce(P)         one fused allreduce for all layers (+ the 1-D tensors)
+        P = M Q;     allreduce(P)         one fused allreduce per bucket (+ its 1-D tensors)
         P = orthogonalize(P)
-        Q = Mᵀ P;    allreduce(Q)         one fused allreduce for all layers
+        Q = Mᵀ P;    allreduce(Q)         one fused allreduce per bucket
         out = P Qᵀ;  memory = M − out
 
-    Two collectives per step, whatever the number of layers; the authors' release made
+    Two collectives per bucket and step, whatever the number of layers; the authors' release made
     two blocking calls per layer, which is why their PowerSGD speedups were 1.03–1.14×.
 
     A layer whose M or result is not finite this step (an fp16 overflow under AMP, on any
