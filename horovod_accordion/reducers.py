@@ -118,6 +118,8 @@ class BucketReduction:
 class _Reducer:
     """What every reducer shares: ``reduce`` is all layers as one bucket."""
 
+    fuses_itself = False  # whether Horovod's tensor fusion, rather than our buckets, should batch it
+
     def start(self, layers, grads, name=""):
         """Start reducing ``grads`` of the layers ``layers`` (one bucket), as a ``BucketReduction``."""
         return BucketReduction(self.phases(list(layers), list(grads), name))
@@ -128,9 +130,15 @@ class _Reducer:
 
 
 class DenseReducer(_Reducer):
-    """A plain Horovod compressor (none, fp16): one fused allreduce, no levels."""
+    """A plain Horovod compressor (none, fp16): one fused allreduce, no levels.
+
+    Its buckets are single layers (``fuses_itself``): like Horovod's optimizer, each gradient
+    starts as soon as it is ready, and Horovod's tensor fusion batches what is ready together
+    (``HOROVOD_FUSION_THRESHOLD``), so nothing waits for a bucket to fill.
+    """
 
     per_rank = ()
+    fuses_itself = True
 
     def __init__(self, shapes, compression, ops):
         self.compression = compression

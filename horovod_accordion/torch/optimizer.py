@@ -89,7 +89,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             weakref.finalize(self, _warn_if_no_window_closed, self._accordion)
         self._synchronized = False
         self._should_synchronize = True
-        self._buckets = assign_buckets([p.numel() * p.element_size() for p in self._params], bucket_cap_mb)
+        self._buckets = [[layer] for layer in reversed(range(len(self._params)))] if self._reducer.fuses_itself \
+            else assign_buckets([p.numel() * p.element_size() for p in self._params], bucket_cap_mb)
         self._bucket_of = {layer: b for b, layers in enumerate(self._buckets) for layer in layers}
         self._reset_buckets()
         if batch_switch is None and process_set.included():
@@ -441,9 +442,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (1 or m micro-batches per communication, whole-model decision) instead of the
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
             micro-batch; the optimizer averages the micro-batches and scales the LR.
-        bucket_cap_mb: gradients are reduced in buckets of up to this many megabytes (the
-            first one: 1 MB), each started from backward as soon as it is complete, as in
-            DDP. ``None``: one bucket, started when backward has produced every gradient.
+        bucket_cap_mb: PowerSGD and TopK reduce gradients in buckets of up to this many
+            megabytes (the first one: 1 MB), each started from backward as soon as it is
+            complete, as in DDP. ``None``: one bucket, started when backward has produced every
+            gradient. With ``none`` and ``fp16`` each gradient starts on its own, as in
+            Horovod's optimizer, and Horovod's tensor fusion batches them.
     """
     check_optimizer_arguments({hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}.get(op, op),
                               gradient_predivide_factor, backward_passes_per_step)
