@@ -154,8 +154,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for bucket in range(len(self._buckets)):
             if bucket not in self._started:
                 self._start_bucket(bucket)
-        averaged = BucketReduction.finish(list(self._started.values()))
-        self._reset_buckets()
+        try:
+            averaged = BucketReduction.finish(list(self._started.values()))
+        finally:
+            self._reset_buckets()  # after a failed collective too: elastic retries the step
         for layer, p in enumerate(self._params):
             grad = averaged[layer] * self._ops.size() if self.op == hvd.Sum else averaged[layer]
             if p.grad is None:
@@ -289,6 +291,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if accordion_state is not None:
             self._load_accordion_state(accordion_state)
         self._synchronized = False
+        self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
 
     def _load_accordion_state(self, saved):
         shared, per_rank = split_state(self._reducer)
