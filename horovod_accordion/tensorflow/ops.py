@@ -87,15 +87,16 @@ class TensorFlowOps:
         return tf.tensor_scatter_nd_update(m, indices[:, None], tf.zeros(tf.shape(indices), m.dtype))
 
     def all_finite(self, *tensors):
-        """Whether every entry is finite, in the graph; the sum's test, as in the torch backend."""
-        return tf.reduce_all([tf.math.is_finite(tf.reduce_sum(t)) for t in tensors])
+        """Whether every entry of the tensors (``None`` skipped) is finite, in the graph; the
+        sum's test, as in the torch backend."""
+        return tf.reduce_all([tf.math.is_finite(tf.reduce_sum(t)) for t in tensors if t is not None])
 
-    def finite_or(self, value, fallback, also=None):
-        """``value`` if all of it (and of ``also``) is finite, else ``fallback``."""
-        return tf.where(self.all_finite(value, *([] if also is None else [also])), value, fallback)
+    def finite_or(self, value, fallback):
+        """``value`` if all of it is finite, else ``fallback``."""
+        return tf.where(self.all_finite(value), value, fallback)
 
     def assign_if_finite(self, state, value, also=None):
-        state.assign(self.finite_or(value, state, also))
+        state.assign(tf.where(self.all_finite(value, also), value, state))
 
     def add_to(self, total, value):
         total.assign_add(tf.cast(value, total.dtype))

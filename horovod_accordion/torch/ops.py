@@ -95,19 +95,19 @@ class TorchOps:
         return m.index_fill(0, indices.long(), 0)
 
     def all_finite(self, *tensors):
-        """Whether every entry is finite, as a device flag (no host sync). One read per tensor:
-        a NaN or inf makes the sum non-finite; so does a sum beyond fp32's range, which only
-        values that are useless as gradients reach."""
-        flags = [torch.isfinite(t.sum()) for t in tensors]
+        """Whether every entry of the tensors (``None`` skipped) is finite, as a device flag (no
+        host sync). One read per tensor: a NaN or inf makes the sum non-finite; so does a sum
+        beyond fp32's range, which only values that are useless as gradients reach."""
+        flags = [torch.isfinite(t.sum()) for t in tensors if t is not None]
         return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
-    def finite_or(self, value, fallback, also=None):
-        """``value`` if all of it (and of ``also``) is finite, else ``fallback``."""
-        return torch.where(self.all_finite(value, *([] if also is None else [also])), value, fallback)
+    def finite_or(self, value, fallback):
+        """``value`` if all of it is finite, else ``fallback``."""
+        return torch.where(self.all_finite(value), value, fallback)
 
     def assign_if_finite(self, state, value, also=None):
         """``state = value`` if all of ``value`` (and of ``also``) is finite, written in place."""
-        torch.where(self.all_finite(value, *([] if also is None else [also])), value, state, out=state)
+        torch.where(self.all_finite(value, also), value, state, out=state)
 
     def add_to(self, total, value):
         total.add_(value)
