@@ -97,7 +97,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # The hooks must not keep the optimizer alive: its finalizer warns about unclosed windows.
             this = weakref.ref(self)
             for layer, p in enumerate(self._params):
-                p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, this, layer))
+                p.register_post_accumulate_grad_hook(functools.partial(_on_gradient_accumulated, this, layer))
         # Tells this process's own saved state (an elastic commit) from another rank's file.
         self._owner = uuid.uuid4().hex
         self._signature = (compression, process_set)
@@ -150,7 +150,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        self._observe_lr()
         for bucket in range(len(self._buckets)):
             if bucket not in self._started:
                 self._start_bucket(bucket)
@@ -177,8 +176,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _observe_lr(self):
         """Idempotent: called per micro-batch in batch mode, so a decay switches to the
-        small batch at once instead of after the current large batch."""
-        if self._accordion.observe_lr(self.param_groups[0]["lr"]):
+        small batch at once instead of after the current large batch. Not once this step's
+        buckets have started: their later phases must run at the levels they started with,
+        so a rate changed between backward and step counts from the next step."""
+        if not self._started and self._accordion.observe_lr(self.param_groups[0]["lr"]):
             self._reducer.set_levels(self._accordion.levels)
 
     def _dense_grad(self, p):
@@ -357,7 +358,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     return None
 
 
-def _gradient_ready(optimizer_ref, layer, _parameter):
+def _on_gradient_accumulated(optimizer_ref, layer, _parameter):
     optimizer = optimizer_ref()
     if optimizer is not None:
         optimizer._gradient_ready(layer)

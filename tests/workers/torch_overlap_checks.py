@@ -77,6 +77,40 @@ def check_a_bucket_is_on_the_wire_before_backward_reaches_the_first_layer():
         assert len(seen) == 1 and seen[0] in (4, 5), (name, seen)
 
 
+def check_a_learning_rate_drop_between_backward_and_step_counts_from_the_next_step():
+    """Buckets already on the wire keep the levels they started with; the decay switches every
+    layer to ℓ_low at the next step (before, the switch came mid-step, between P and Q)."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(2, 1, min_compression_rate=0),
+                                         window_steps=1, interval=1, bucket_cap_mb=1e-6)
+    x, y = rank_batch(0)  # the same batch every step: the norms settle and the layers go to ℓ_high
+    for _ in range(6):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    before = optimizer.accordion_stats()["levels"]
+    assert 1 in before.values(), before
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    for group in optimizer.param_groups:
+        group["lr"] = 0.001
+    optimizer.step()
+    assert decays(optimizer) == 0
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert decays(optimizer) == 1  # seen by the next step's first bucket
+    assert set(optimizer.accordion_stats()["levels"].values()) == {2}
+    optimizer.step()
+    assert_same_on_all_ranks(model)
+    return before
+
+
+def decays(optimizer):
+    return sum(check.get("event") == "lr_decay" for check in optimizer.accordion_stats()["checks"])
+
+
 def check_misuse_of_the_started_buckets_is_a_clear_error():
     """As in Horovod: a second backward with backward_passes_per_step=1, or zero_grad()
     between backward and step, raise; synchronize() then still completes the started buckets."""
