@@ -131,11 +131,15 @@ class Accordion:
         for total, grad in zip(accumulated, grads):
             ops.add_to(total, ops.finite_or(grad, ops.zeros_like(grad)))
 
-    def count_non_finite(self, ops, counts, grads):
-        """Add 1 to ``counts[k]`` for each layer k whose gradient is not finite this step; read
-        once per window, so the step itself never waits on the device."""
-        if grads:
+    def count_non_finite(self, ops, counts, grads, layers=None):
+        """Add 1 to ``counts[k]`` for each layer k (of ``layers``, by default all) whose gradient
+        is not finite this step; read once per window, so the step itself never waits on the device."""
+        if not grads:
+            return
+        if layers is None:
             ops.add_to(counts, ops.non_finite_flags(grads))
+        else:
+            ops.add_at(counts, layers, ops.non_finite_flags(grads))
 
     def close_window(self, reducer, ops, accumulated, non_finite_counts=None):
         """Close a window for an adapter: at a check, reduce each layer's squared norm of

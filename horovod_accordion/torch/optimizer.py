@@ -31,8 +31,9 @@ from horovod_accordion.arguments import (check_optimizer_arguments, check_real_f
                                         exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
 from horovod_accordion.buckets import assign_buckets
+from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import BucketReduction, make_reducer, split_state
+from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
 
@@ -85,6 +86,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._accordion.adaptive else []
         self._non_finite_counts = torch.zeros(len(self._params), device=self._ops.device) \
             if self._accordion.adaptive else None
+        self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._accumulated,
+                                          self._non_finite_counts)
         if self._accordion.adaptive and self._accordion.window_steps is None:
             weakref.finalize(self, _warn_if_no_window_closed, self._accordion)
         self._synchronized = False
@@ -116,7 +119,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _reset_buckets(self):
         self._passes = [0] * len(self._params)  # backward passes seen this step, per layer
         self._ready = [0] * len(self._buckets)  # layers whose gradient is complete, per bucket
-        self._started = {}  # bucket -> its BucketReduction
+        self._exchange.started = {}
 
     def _gradient_ready(self, layer):
         """A backward pass has accumulated ``layer``'s gradient: start its bucket once every
@@ -136,14 +139,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._observe_lr()  # this step's levels, before its first collective
         layers = self._buckets[bucket]
         grads = [self._dense_grad(self._params[layer]) for layer in layers]
-        window = slice(layers[0], layers[-1] + 1)
-        if self._accordion.adaptive:
-            self._accordion.count_non_finite(self._ops, self._non_finite_counts[window], grads)
-        if self._accordion.window_accumulates:
-            self._accordion.accumulate(self._ops, self._accumulated[window], grads)
-        if self._micro_batches and self._micro_batches.pending > 1:
-            grads = [g / self._micro_batches.pending for g in grads]  # the mean over the large batch
-        self._started[bucket] = self._reducer.start(layers, grads, name=f".b{bucket}")
+        pending = self._micro_batches.pending if self._micro_batches else 1
+        self._exchange.start(bucket, layers, grads, divisor=max(pending, 1))  # the mean over a large batch
 
     def synchronize(self):
         """Average the gradients over ranks, compressed at each layer's current level."""
@@ -151,10 +148,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         for bucket in range(len(self._buckets)):
-            if bucket not in self._started:
+            if bucket not in self._exchange.started:
                 self._start_bucket(bucket)
         try:
-            averaged = BucketReduction.finish(list(self._started.values()))
+            averaged = self._exchange.finish()
         finally:
             self._reset_buckets()  # after a failed collective too: elastic retries the step
         for layer, p in enumerate(self._params):
@@ -166,12 +163,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.copy_(grad)
         micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
-        window_complete = self._accordion.step_done(micro_batches)
         record = self._micro_batches.complete_step() if self._micro_batches else {}
         self._lr_factor = record.get("lr_factor", 1.0)
-        self._accordion.log.record_step(self._accordion.step, self._ops.take_bytes_sent(), **record)
-        if window_complete:
-            self._end_window()
+        self._exchange.end_step(micro_batches, record)
         self._synchronized = True
 
     def _observe_lr(self):
@@ -179,8 +173,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         small batch at once instead of after the current large batch. Not once this step's
         buckets have started: their later phases must run at the levels they started with,
         so a rate changed between backward and step counts from the next step."""
-        if not self._started and self._accordion.observe_lr(self.param_groups[0]["lr"]):
-            self._reducer.set_levels(self._accordion.levels)
+        self._exchange.observe_lr(self.param_groups[0]["lr"])
 
     def _dense_grad(self, p):
         if p.grad is None:
@@ -201,10 +194,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(
                 f"this optimizer closes its windows every {self._accordion.window_steps} steps by itself; "
                 f"end_epoch() is for window_steps=None")
-        self._end_window()
-
-    def _end_window(self):
-        self._accordion.close_window(self._reducer, self._ops, self._accumulated, self._non_finite_counts)
+        self._exchange.end_window()
 
     @property
     def micro_batches_per_step(self):
@@ -253,7 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 group["lr"] = lr
 
     def zero_grad(self, set_to_none=True):
-        if self._started:
+        if self._exchange.started:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
@@ -266,19 +256,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         is this rank's own (error-feedback memory, TopK residuals, the window's Δ, the
         gradients of a large batch in progress): save one file per rank to resume exactly."""
         state = super(self.__class__, self).state_dict()
-        shared, per_rank = split_state(self._reducer)
         pending = self._micro_batches is not None and self._micro_batches.pending > 0
-        state["accordion"] = {
-            "schedule": self._accordion.state_dict(),
-            "reducer": self._ops.export_state(shared),
-            "micro_batches": self._micro_batches.state_dict() if self._micro_batches else None,
-            "per_rank": {
-                "rank": self._ops.process_set.rank(), "size": self._ops.size(), "owner": self._owner,
-                "reducer": self._ops.export_state(per_rank),
-                "accumulated": [t.clone() for t in self._accumulated],
-                "gradients": [None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
-            },
-        }
+        state["accordion"] = self._exchange.state_dict()
+        state["accordion"]["micro_batches"] = self._micro_batches.state_dict() if self._micro_batches else None
+        state["accordion"]["per_rank"].update(
+            owner=self._owner,
+            gradients=[None if p.grad is None else p.grad.clone() for p in self._params] if pending else None)
         return state
 
     def load_state_dict(self, state_dict):
@@ -295,38 +278,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
 
     def _load_accordion_state(self, saved):
-        shared, per_rank = split_state(self._reducer)
-        if set(saved["reducer"]) != set(shared):
-            raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
-                             f"optimizer's {sorted(shared)}: it was saved with another compression")
-        self._accordion.load_state_dict(saved["schedule"])
-        self._ops.import_state(shared, saved["reducer"])
         if (saved["micro_batches"] is None) != (self._micro_batches is None):
             raise ValueError("the checkpoint was saved with batch_switch and this optimizer has none, or the "
                              "reverse")
+        mine = saved["per_rank"]
+        own = mine.get("owner") == self._owner or (mine["rank"], mine["size"]) == (self._ops.rank(), self._ops.size())
+        self._exchange.load_state_dict(saved, own)
         if self._micro_batches:
             self._micro_batches.load_state_dict(saved["micro_batches"])
-        own, here = saved["per_rank"], (self._ops.process_set.rank(), self._ops.size())
-        if own.get("owner") != self._owner and (own["rank"], own["size"]) != here:
-            warnings.warn(
-                f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
-                f"large batch in progress) is rank {own['rank']}'s of {own['size']}, not this rank's "
-                f"({here[0]} of {here[1]}): it restarts from zero here. Save one state_dict per rank to "
-                f"resume exactly.")
-            own = _zeroed(self._ops, per_rank, self._accumulated)
-        self._ops.import_state(per_rank, own["reducer"])
-        for total, saved_total in zip(self._accumulated, own["accumulated"]):
-            total.copy_(saved_total)
-        if own["gradients"] is not None:
-            for p, grad in zip(self._params, own["gradients"]):
+        if own and mine["gradients"] is not None:
+            for p, grad in zip(self._params, mine["gradients"]):
                 p.grad = None if grad is None else grad.to(p.device)
-
-
-def _zeroed(ops, per_rank_groups, accumulated):
-    """A per-rank state part of zeros: what a rank that never trained holds."""
-    exported = ops.export_state(per_rank_groups)
-    return {"reducer": {g: {i: v.zero_() for i, v in e.items()} for g, e in exported.items()},
-            "accumulated": [torch.zeros_like(t) for t in accumulated], "gradients": None}
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):

@@ -35,7 +35,7 @@ def train(compression, overlapped, passes, steps=12):
             else:
                 for p, grad in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
                     p.grad = grad if p.grad is None else p.grad + grad
-        started_in_backward.append(len(optimizer._started))
+        started_in_backward.append(len(optimizer._exchange.started))
         optimizer.step()
     return model, optimizer, started_in_backward
 
@@ -69,7 +69,7 @@ def check_a_bucket_is_on_the_wire_before_backward_reaches_the_first_layer():
                                              named_parameters=model.named_parameters(),
                                              compression=compression(), bucket_cap_mb=1e-6)
         seen = []
-        model[0].weight.register_hook(lambda grad: seen.append(len(optimizer._started)))
+        model[0].weight.register_hook(lambda grad: seen.append(len(optimizer._exchange.started)))
         x, y = rank_batch(0)
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()

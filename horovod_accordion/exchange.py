@@ -1,0 +1,106 @@
+"""One optimizer step's gradient exchange, bucket by bucket, for the backends whose
+gradients come out of backward in buckets: Horovod's torch optimizer (from its gradient
+hooks) and torch DDP (from its communication hook).
+
+Each bucket is started as soon as its gradients are in: the detector's Δ and non-finite
+counts take their share, and the reducer's first phase goes on the wire while backward
+goes on. ``finish`` runs the remaining phases of every started bucket, and ``end_step``
+counts the step and closes a window when one is complete. The adapters only say when a
+bucket is ready and where the averages go.
+"""
+
+import warnings
+
+from horovod_accordion.reducers import BucketReduction, split_state
+
+__all__ = ["BucketedExchange"]
+
+
+class BucketedExchange:
+    """Args:
+        accordion: the :class:`horovod_accordion.accordion.Accordion` schedule.
+        reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients.
+        ops: the backend, whose collectives the reducer calls.
+        accumulated: one tensor per layer, the window's Δ (empty when the level is fixed).
+        non_finite_counts: one counter per layer, or ``None`` when the level is fixed.
+    """
+
+    def __init__(self, accordion, reducer, ops, accumulated, non_finite_counts):
+        self.accordion, self.reducer, self.ops = accordion, reducer, ops
+        self.accumulated, self.non_finite_counts = accumulated, non_finite_counts
+        self.started = {}  # bucket -> its BucketReduction, for the step in progress
+
+    def observe_lr(self, lr):
+        """Before a step's first bucket only: its later phases must run at the levels it
+        started with, so a rate changed between backward and step counts from the next step."""
+        if not self.started and self.accordion.observe_lr(lr):
+            self.reducer.set_levels(self.accordion.levels)
+
+    def start(self, bucket, layers, grads, divisor=1):
+        """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
+        by ``divisor`` (the micro-batches of a large batch), in Δ they are not."""
+        accordion = self.accordion
+        if accordion.adaptive:
+            accordion.count_non_finite(self.ops, self.non_finite_counts, grads, layers)
+        if accordion.window_accumulates:
+            accordion.accumulate(self.ops, [self.accumulated[layer] for layer in layers], grads)
+        if divisor != 1:
+            grads = [grad / divisor for grad in grads]
+        self.started[bucket] = self.reducer.start(layers, grads, name=f".b{bucket}")
+
+    def finish(self):
+        """Every started bucket's averages, as ``{layer: average}``. The step's buckets are
+        dropped even if a collective fails, so a retried step (elastic) starts clean."""
+        try:
+            return BucketReduction.finish(list(self.started.values()))
+        finally:
+            self.started = {}
+
+    def end_step(self, micro_batches=1, record=None):
+        """Count the step and log its bytes (and ``record``'s fields); close the window if the
+        step completes one."""
+        window_complete = self.accordion.step_done(micro_batches)
+        self.accordion.log.record_step(self.accordion.step, self.ops.take_bytes_sent(), **(record or {}))
+        if window_complete:
+            self.end_window()
+
+    def end_window(self):
+        self.accordion.close_window(self.reducer, self.ops, self.accumulated, self.non_finite_counts)
+
+    def state_dict(self):
+        """The schedule and the shared compression state (Q, levels), and in ``per_rank``
+        what is this rank's own: error-feedback memory, TopK residuals and the window's Δ."""
+        shared, per_rank = split_state(self.reducer)
+        return {
+            "schedule": self.accordion.state_dict(),
+            "reducer": self.ops.export_state(shared),
+            "per_rank": {"rank": self.ops.rank(), "size": self.ops.size(),
+                         "reducer": self.ops.export_state(per_rank),
+                         "accumulated": [self.ops.copy(total) for total in self.accumulated]},
+        }
+
+    def load_state_dict(self, saved, own=None):
+        """Restore a ``state_dict()``. Its per-rank part is restored if ``own`` (by default:
+        saved on this rank, at this world size); else it restarts from zero, with a warning,
+        and the shared part still resumes exactly."""
+        shared, per_rank = split_state(self.reducer)
+        if set(saved["reducer"]) != set(shared):
+            raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
+                             f"one's {sorted(shared)}: it was saved with another compression")
+        self.accordion.load_state_dict(saved["schedule"])
+        self.ops.import_state(shared, saved["reducer"])
+        mine = saved["per_rank"]
+        if own is None:
+            own = (mine["rank"], mine["size"]) == (self.ops.rank(), self.ops.size())
+        if own:
+            self.ops.import_state(per_rank, mine["reducer"])
+            for total, saved_total in zip(self.accumulated, mine["accumulated"]):
+                self.ops.assign(total, saved_total)
+            return
+        warnings.warn(
+            f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
+            f"large batch in progress) is rank {mine['rank']}'s of {mine['size']}, not this rank's "
+            f"({self.ops.rank()} of {self.ops.size()}): it restarts from zero here. Save one state_dict per "
+            f"rank to resume exactly.")
+        for holder in [*(h for entries in per_rank.values() for h in entries.values()), *self.accumulated]:
+            self.ops.zero(holder)

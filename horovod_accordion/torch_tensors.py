@@ -1,0 +1,210 @@
+"""Torch tensor maths and state for the reducers, shared by the Horovod backend
+(``horovod_accordion/torch/ops.py``) and the DDP backend (``horovod_accordion/ddp/ops.py``).
+
+It imports no Horovod, so the DDP hook runs where Horovod was never built. Compressed
+layers are computed and sent in fp32; bf16 tensors travel as fp32, which every backend
+accepts (Horovod 0.28.1 rejects bf16 allreduce).
+"""
+
+import torch
+
+from horovod_accordion.compression import kept_count
+
+__all__ = ["Level", "TorchTensorOps"]
+
+_WIRE_DTYPES = {torch.bfloat16: torch.float32}
+
+
+class Level:
+    """A layer's current level (rank or kept fraction), shared by reference."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+
+class TorchTensorOps:
+    """Everything of an ops backend but the collectives, which subclasses add: ``size``,
+    ``rank``, ``start_allreduce_mean`` and ``start_allgather``, each counting the bytes it
+    sends in ``bytes_sent``."""
+
+    def __init__(self, device="cpu"):
+        self.device = device  # where the parameters, hence the compression state, live
+        self.bytes_sent = 0
+
+    # State that survives a step.
+    def state(self, array, name):
+        return torch.from_numpy(array).to(device=self.device, dtype=torch.float32)
+
+    def read(self, state):
+        return state
+
+    def assign(self, state, value):
+        state.copy_(value)
+
+    def copy(self, state):
+        return state.clone()
+
+    def zero(self, state):
+        state.zero_()
+
+    def level(self, value, name):
+        return Level(value)
+
+    def set_level(self, level, value):
+        level.value = value
+
+    def leading_columns(self, q, rank):
+        return q[:, :rank.value]
+
+    def assign_leading_columns(self, q, value):
+        q[:, :value.shape[1]].copy_(value)
+
+    # Tensor maths.
+    def as_matrix(self, grad, shape):
+        return grad.reshape(shape).to(torch.float32)
+
+    def like(self, value, grad):
+        return value.reshape(grad.shape).to(grad.dtype)
+
+    def matmul(self, a, b):
+        return a @ b
+
+    def transpose(self, a):
+        return a.T
+
+    def orthogonalize(self, p):
+        """Householder QR: stable, and a zero P gives out = 0 rather than NaN."""
+        return torch.linalg.qr(p).Q
+
+    def kept_count(self, fraction, m):
+        return kept_count(fraction.value, m.numel())
+
+    def top_abs_indices(self, m, k):
+        return torch.topk(m.abs(), k, sorted=False).indices.to(torch.int32)
+
+    def gather(self, m, indices):
+        return m[indices.long()]
+
+    def zeroed_at(self, m, indices):
+        return m.index_fill(0, indices.long(), 0)
+
+    def all_finite(self, *tensors):
+        """Whether every entry of the tensors (``None`` skipped) is finite, as a device flag (no
+        host sync). One read per tensor: a NaN or inf makes the sum non-finite; so does a sum
+        beyond fp32's range, which only values that are useless as gradients reach."""
+        flags = [torch.isfinite(t.sum()) for t in tensors if t is not None]
+        return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
+    def finite_or(self, value, fallback):
+        """``value`` if all of it is finite, else ``fallback``."""
+        return torch.where(self.all_finite(value), value, fallback)
+
+    def assign_if_finite(self, state, value, also=None):
+        """``state = value`` if all of ``value`` (and of ``also``) is finite, written in place."""
+        torch.where(self.all_finite(value, also), value, state, out=state)
+
+    def add_to(self, total, value):
+        total.add_(value)
+
+    def add_at(self, total, indices, values):
+        """``total[indices] += values``; a run of consecutive indices (Horovod's buckets) is a view."""
+        first, last = indices[0], indices[-1]
+        if list(indices) == list(range(first, last + 1)):
+            total[first:last + 1].add_(values)
+        else:
+            total.index_add_(0, torch.tensor(list(indices), device=total.device), values)
+
+    def zeros_like(self, value):
+        return torch.zeros_like(value)
+
+    # Branches of the TopK wire format: plain Python here, tf.cond in TensorFlow.
+    def cond(self, flag, if_true, if_false):
+        return if_true() if flag else if_false()
+
+    def constant_flag(self, value):
+        return value
+
+    def any_flag(self, flags):
+        """Whether any of ``flags`` may be true: a collective that none needs is skipped."""
+        return any(flags)
+
+    def zero_count(self):
+        return 0
+
+    def empty_words(self):
+        return torch.zeros(0, dtype=torch.int32, device=self.device)
+
+    def empty_floats(self):
+        return torch.zeros(0, dtype=torch.float32, device=self.device)
+
+    def pack_indices(self, indices, dtype):
+        """Indices as int32 words: int16 ones two to a word (the last padded with 0)."""
+        if dtype == "int32":
+            return indices
+        narrow = indices.to(torch.int16)
+        if narrow.numel() % 2:
+            narrow = torch.cat([narrow, narrow.new_zeros(1)])
+        return narrow.view(torch.int32)
+
+    def unpack_indices(self, words, count, dtype):
+        if dtype == "int32":
+            return words
+        return words.contiguous().view(torch.int16)[:, :count]
+
+    def float_bits(self, values):
+        return values.view(torch.int32)
+
+    def bits_float(self, bits):
+        return bits.reshape(-1).view(torch.float32)
+
+    def concat(self, tensors):
+        return torch.cat(tensors)
+
+    def columns(self, matrix, start, stop):
+        return matrix[:, start:stop]
+
+    def scatter_mean(self, like, indices, values):
+        total = torch.zeros_like(like).index_add_(0, indices.reshape(-1).long(), values)
+        return total / indices.shape[0]
+
+    def squared_norms(self, tensors):
+        return torch.stack([t.double().pow(2).sum() for t in tensors])
+
+    def non_finite_flags(self, tensors):
+        return torch.stack([~self.all_finite(t) for t in tensors]).to(torch.float32)
+
+    def to_floats(self, tensor):
+        return tensor.tolist()
+
+    def from_floats(self, values):
+        return torch.tensor(values, dtype=torch.float64, device=self.device)
+
+    # Fused collectives: what the backends' allreduces and allgathers send.
+    def wire_dtype(self, tensor):
+        return str(_WIRE_DTYPES.get(tensor.dtype, tensor.dtype)).replace("torch.", "")
+
+    def flat_concat(self, tensors, wire_dtype):
+        return torch.cat([t.reshape(-1).to(getattr(torch, wire_dtype)) for t in tensors])
+
+    def split_like(self, flat, tensors):
+        chunks = flat.split([t.numel() for t in tensors])
+        return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
+
+    def take_bytes_sent(self):
+        sent, self.bytes_sent = self.bytes_sent, 0
+        return sent
+
+    # Checkpoints.
+    def export_state(self, groups):
+        return {group: {i: (v.value if isinstance(v, Level) else self.copy(v)) for i, v in entries.items()}
+                for group, entries in groups.items()}
+
+    def import_state(self, groups, saved):
+        for group, entries in groups.items():
+            for i, holder in entries.items():
+                value = saved[group][i]
+                if isinstance(holder, Level):
+                    holder.value = value
+                else:
+                    holder.copy_(value)
