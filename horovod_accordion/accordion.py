@@ -13,7 +13,7 @@ from horovod_accordion.detector import RegimeDetector
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import fused_allreduce_mean
 
-__all__ = ["Accordion"]
+__all__ = ["Accordion", "warn_if_no_window_closed"]
 
 
 class Accordion:
@@ -200,3 +200,13 @@ class Accordion:
         self.detector.load_state_dict(state["detector"])
         self.step = state["step"]
         self.micro_batches_accumulated = state["micro_batches_accumulated"]
+
+
+def warn_if_no_window_closed(accordion, closer):
+    """At exit (or when the adapter is collected): the misuse is certain only once training is
+    over. ``closer`` is the call that closes a window, as the user writes it."""
+    if accordion.step > 0 and accordion.detector.windows_seen == 0:
+        warnings.warn(
+            f"Accordion ran {accordion.step} steps and never closed a detection window, so every layer "
+            f"stayed at ℓ_low ({accordion.low}): call {closer} at the end of every epoch, or "
+            f"pass window_steps=N", RuntimeWarning)

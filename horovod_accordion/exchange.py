@@ -21,13 +21,14 @@ class BucketedExchange:
         accordion: the :class:`horovod_accordion.accordion.Accordion` schedule.
         reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients.
         ops: the backend, whose collectives the reducer calls.
-        accumulated: one tensor per layer, the window's Δ (empty when the level is fixed).
-        non_finite_counts: one counter per layer, or ``None`` when the level is fixed.
+        params: the parameters, one per layer, in the order of ``accordion.layer_names``.
     """
 
-    def __init__(self, accordion, reducer, ops, accumulated, non_finite_counts):
+    def __init__(self, accordion, reducer, ops, params):
         self.accordion, self.reducer, self.ops = accordion, reducer, ops
-        self.accumulated, self.non_finite_counts = accumulated, non_finite_counts
+        # The window's Δ and its non-finite counts; nothing when the level is fixed.
+        self.accumulated = [ops.delta_like(p) for p in params] if accordion.adaptive else []
+        self.non_finite_counts = ops.counters(len(params)) if accordion.adaptive else None
         self.started = {}  # bucket -> its BucketReduction, for the step in progress
 
     def observe_lr(self, lr):
@@ -36,9 +37,10 @@ class BucketedExchange:
         if not self.started and self.accordion.observe_lr(lr):
             self.reducer.set_levels(self.accordion.levels)
 
-    def start(self, bucket, layers, grads, divisor=1):
+    def start(self, bucket, layers, grads, divisor=1, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
-        by ``divisor`` (the micro-batches of a large batch), in Δ they are not."""
+        by ``divisor`` (the micro-batches of a large batch), in Δ they are not. ``reducer``
+        replaces the compressing one for this bucket (DDP's plain allreduce before ``start_iter``)."""
         accordion = self.accordion
         if accordion.adaptive:
             accordion.count_non_finite(self.ops, self.non_finite_counts, grads, layers)
@@ -46,7 +48,7 @@ class BucketedExchange:
             accordion.accumulate(self.ops, [self.accumulated[layer] for layer in layers], grads)
         if divisor != 1:
             grads = [grad / divisor for grad in grads]
-        self.started[bucket] = self.reducer.start(layers, grads, name=f".b{bucket}")
+        self.started[bucket] = (reducer or self.reducer).start(layers, grads, name=f".b{bucket}")
 
     def finish(self):
         """Every started bucket's averages, as ``{layer: average}``. The step's buckets are

@@ -22,12 +22,12 @@ __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", 
 
 def make_reducer(compression, shapes, ops, plain_compressor):
     """The reducer for ``compression`` and its (ℓ_low, ℓ_high); ``plain_compressor`` is the
-    framework's Horovod ``Compressor`` base class (none, fp16)."""
+    framework's Horovod ``Compressor`` base class (none, fp16), ``None`` where there is none (DDP)."""
     if isinstance(compression, PowerSGD):
         return PowerSGDReducer(shapes, compression, ops), compression.levels
     if isinstance(compression, TopK):
         return TopKReducer(shapes, compression, ops), compression.levels
-    if isinstance(compression, type) and issubclass(compression, plain_compressor):
+    if plain_compressor is not None and isinstance(compression, type) and issubclass(compression, plain_compressor):
         return DenseReducer(shapes, compression, ops), (None, None)
     raise ValueError(
         f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "

@@ -115,6 +115,13 @@ class TorchTensorOps:
         else:
             total.index_add_(0, torch.tensor(list(indices), device=total.device), values)
 
+    def delta_like(self, param):
+        """A zero Δ for ``param``: fp64 for fp64 parameters, else fp32, whatever the gradients' precision."""
+        return torch.zeros_like(param, dtype=torch.float64 if param.dtype == torch.float64 else torch.float32)
+
+    def counters(self, count):
+        return torch.zeros(count, device=self.device)
+
     def zeros_like(self, value):
         return torch.zeros_like(value)
 

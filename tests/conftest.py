@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 
@@ -45,12 +46,19 @@ def worker_env(extra=None):
 def run_workers(module_name, out_dir, np=2, controller="gloo", timeout=300, env=None):
     """Launch ``module_name``'s checks on ``np`` ranks; return ``{rank: results}`` and the output.
 
+    ``controller``: ``gloo`` or ``mpi`` (``horovodrun``), or ``torchrun``, which starts plain
+    torch.distributed processes where Horovod cannot be imported (``tests/no_horovod``).
     On a timeout the whole process group is killed, so a hung collective fails the
     test instead of stalling CI; the checks finished before it keep their results.
     """
-    horovodrun = pathlib.Path(sys.executable).parent / "horovodrun"
-    command = [str(horovodrun), "-np", str(np), f"--{controller}",
-               sys.executable, "-m", "tests.workers.runner", module_name, str(out_dir)]
+    runner = ["-m", "tests.workers.runner", module_name, str(out_dir)]
+    if controller == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(np),
+                   "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *runner]
+        env = dict(env or {}, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "no_horovod"), str(REPO)]))
+    else:
+        horovodrun = pathlib.Path(sys.executable).parent / "horovodrun"
+        command = [str(horovodrun), "-np", str(np), f"--{controller}", sys.executable, *runner]
     process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -65,6 +73,12 @@ def run_workers(module_name, out_dir, np=2, controller="gloo", timeout=300, env=
         path = pathlib.Path(out_dir) / f"rank{rank}.json"
         results[rank] = json.loads(path.read_text()) if path.exists() else {}
     return Launch(results, output, timed_out, process.returncode, timeout)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 class Launch:
@@ -83,7 +97,7 @@ class Launch:
             elif not outcome["ok"]:
                 problems.append(f"rank {rank}:\n{outcome['error']}")
         if problems:
-            pytest.fail("\n".join(problems) + "\n--- horovodrun output (tail) ---\n" + self.output[-4000:],
+            pytest.fail("\n".join(problems) + "\n--- launcher output (tail) ---\n" + self.output[-4000:],
                         pytrace=False)
         return {rank: results[name]["value"] for rank, results in self.results.items()}
 

@@ -26,7 +26,7 @@ import torch
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
-from horovod_accordion.accordion import Accordion
+from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
                                         exchange_signature, under_elastic)
 from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
@@ -82,14 +82,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if tensorboard_dir is not None:
                 from torch.utils.tensorboard import SummaryWriter
                 log.scalars = SummaryWriter(tensorboard_dir)
-        self._accumulated = [torch.zeros_like(p, dtype=_norm_dtype(p)) for p in self._params] \
-            if self._accordion.adaptive else []
-        self._non_finite_counts = torch.zeros(len(self._params), device=self._ops.device) \
-            if self._accordion.adaptive else None
-        self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._accumulated,
-                                          self._non_finite_counts)
+        self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
         if self._accordion.adaptive and self._accordion.window_steps is None:
-            weakref.finalize(self, _warn_if_no_window_closed, self._accordion)
+            weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
         self._synchronized = False
         self._should_synchronize = True
         self._buckets = [[layer] for layer in reversed(range(len(self._params)))] if self._reducer.fuses_itself \
@@ -324,19 +319,6 @@ def _on_gradient_accumulated(optimizer_ref, layer, _parameter):
     optimizer = optimizer_ref()
     if optimizer is not None:
         optimizer._gradient_ready(layer)
-
-
-def _warn_if_no_window_closed(accordion):
-    """At exit (or when the optimizer is collected): the misuse is certain only once training is over."""
-    if accordion.step > 0 and accordion.detector.windows_seen == 0:
-        warnings.warn(
-            f"Accordion ran {accordion.step} steps and never closed a detection window, so every layer "
-            f"stayed at ℓ_low ({accordion.low}): call optimizer.end_epoch() at the end of every epoch, or "
-            f"pass window_steps=N", RuntimeWarning)
-
-
-def _norm_dtype(p):
-    return torch.float64 if p.dtype == torch.float64 else torch.float32
 
 
 def _parameter_names(param_groups, named_parameters):

@@ -50,7 +50,7 @@ def train(device, compression, steps=12):
 
 def state_devices(optimizer):
     tensors = [t for entries in optimizer._reducer.state().values() for t in entries.values()
-               if isinstance(t, torch.Tensor)] + list(optimizer._accumulated)
+               if isinstance(t, torch.Tensor)] + list(optimizer._exchange.accumulated)
     return {str(t.device) for t in tensors}
 
 

@@ -508,8 +508,8 @@ def check_a_non_finite_gradient_leaves_that_layers_state_and_delta_clean():
             optimizer.zero_grad()
             optimizer._synchronized = False  # synchronize() without step(): nothing is applied here
         assert finite[1][0] is False and all(finite[1][1:]) and all(all(f) for f in finite[:1] + finite[2:]), finite
-        assert torch.isfinite(optimizer._accumulated[0]).all()
-        assert torch.allclose(optimizer._accumulated[0], delta, atol=1e-6, rtol=0)
+        assert torch.isfinite(optimizer._exchange.accumulated[0]).all()
+        assert torch.allclose(optimizer._exchange.accumulated[0], delta, atol=1e-6, rtol=0)
 
 
 def check_amp_recipe_with_grad_scaler_skips_the_overflow_on_both_ranks():

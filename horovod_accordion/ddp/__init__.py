@@ -1,0 +1,9 @@
+"""Accordion for torch ``DistributedDataParallel``, without Horovod.
+
+``model.register_comm_hook(AccordionState(model, compression=PowerSGD(2, 1)), accordion_hook)``.
+This package imports no Horovod: it runs wherever torch.distributed does.
+"""
+from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.ddp.state import AccordionState, accordion_hook
+
+__all__ = ["AccordionState", "PowerSGD", "TopK", "accordion_hook"]

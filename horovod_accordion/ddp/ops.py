@@ -1,0 +1,53 @@
+"""The torch.distributed backend of ``horovod_accordion.reducers``, for DDP's communication
+hook: asynchronous ``torch.distributed`` collectives on the shared torch tensor maths.
+
+Unlike Horovod's, these collectives are matched across ranks by the order in which they
+are issued, not by name: every rank issues them from the same thread (the autograd
+thread that calls the hook, or the main thread at a window's end), in the same order.
+"""
+
+import torch
+import torch.distributed as dist
+
+from horovod_accordion.torch_tensors import TorchTensorOps
+
+__all__ = ["DistributedOps"]
+
+
+class _Pending:
+    """A started collective, and what its ``wait()`` returns once it is done."""
+
+    def __init__(self, work, result):
+        self.work, self.result = work, result
+
+    def wait(self):
+        self.work.wait()
+        return self.result()
+
+
+class DistributedOps(TorchTensorOps):
+    def __init__(self, process_group=None, device="cpu"):
+        super().__init__(device)
+        self.process_group = process_group
+
+    def size(self):
+        return dist.get_world_size(self.process_group)
+
+    def rank(self):
+        return dist.get_rank(self.process_group)
+
+    def start_allreduce_mean(self, flat, name, compression=None):
+        """Sum in place, then divide: Gloo has no average. ``flat`` is always a buffer of our own."""
+        if compression is not None:
+            raise ValueError("the DDP backend averages in the gradients' own precision: for fp16 on the wire, "
+                             "use DDP's fp16_compress_hook, or torch's fp16_compress_wrapper")
+        self.bytes_sent += flat.numel() * flat.element_size()
+        work = dist.all_reduce(flat, group=self.process_group, async_op=True)
+        return _Pending(work, lambda: flat.div_(self.size()))
+
+    def start_allgather(self, flat, name):
+        """Every rank's 1-D ``flat``, as shape (size, len); Gloo gathers into a list."""
+        self.bytes_sent += flat.numel() * flat.element_size()
+        gathered = [torch.empty_like(flat) for _ in range(self.size())]
+        work = dist.all_gather(gathered, flat, group=self.process_group, async_op=True)
+        return _Pending(work, lambda: torch.stack(gathered))
