@@ -6,15 +6,21 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, free_port, worker_env
 
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
 
-def run_example(script, *args, timeout=300):
-    result = subprocess.run([HOROVODRUN, "-np", "2", "--gloo", sys.executable, script, *args],
-                            cwd=REPO / "examples", env=worker_env(), capture_output=True, text=True,
-                            timeout=timeout)
+def run_example(script, *args, timeout=300, launcher="horovodrun"):
+    """``launcher="torchrun"``: 2 plain torch.distributed processes, where Horovod cannot be imported."""
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}"})
+    else:
+        command, env = [HOROVODRUN, "-np", "2", "--gloo", sys.executable], worker_env()
+    result = subprocess.run([*command, script, *args], cwd=REPO / "examples", env=env, capture_output=True,
+                            text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout
 
@@ -72,3 +78,25 @@ def test_keras_fit_example_with_batch_switching():
 def test_tensorflow_custom_loop_example_traces_once():
     output = run_example("tensorflow_custom_loop.py", "--epochs", "3")
     assert output.count("traced 1 time(s)") == 2, output
+
+
+@pytest.mark.multiworker
+def test_ddp_example_trains_switches_levels_and_plots_without_horovod(tmp_path):
+    output = run_example("ddp_accordion.py", "--epochs", "6", "--decay-epoch", "4", "--plots", str(tmp_path),
+                         launcher="torchrun")
+    for rank in (0, 1):
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        assert len(losses) == 6 and losses[-1] < losses[0], output
+    assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
+    assert re.search(r"check after epoch 2: levels per layer: .*=1", output), output
+    assert "LR decay to" in output, output
+    assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank", output), output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["levels.png", "norm.png"], output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["none", "rank1", "topk", "accordion-topk"])
+def test_ddp_example_with_every_compression(compression):
+    output = run_example("ddp_accordion.py", "--epochs", "3", "--compression", compression, launcher="torchrun")
+    assert f"{compression}: test accuracy" in output, output
+    assert ("kB sent per rank" in output) == (compression != "none"), output

@@ -1,0 +1,106 @@
+"""Accordion on torch DDP, without Horovod: the demo MLP on the embedded digits dataset.
+
+    torchrun --nproc_per_node 2 examples/ddp_accordion.py --plots ddp-plots
+
+The model is wrapped in ``DistributedDataParallel`` as usual; one call registers
+Accordion's communication hook. PowerSGD runs at rank 2 (ℓ_low) in critical regimes and
+rank 1 (ℓ_high) elsewhere; each check prints every layer's level. ``--plots DIR`` draws the
+run's norms and levels from its log (``python -m horovod_accordion.plot`` does the same).
+"""
+import argparse
+import os
+import pathlib
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from horovod_accordion.ddp import AccordionState, PowerSGD, TopK, accordion_hook
+from example_data import digits_shards
+from progress import epochs_bar, show
+
+COMPRESSIONS = {
+    "accordion": PowerSGD(low_rank=2, high_rank=1),
+    "rank1": PowerSGD(1),
+    "rank2": PowerSGD(2),
+    "topk": TopK(0.1),
+    "accordion-topk": TopK(0.99, 0.1),
+    "none": None,  # DDP's own allreduce, no hook
+}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--decay-epoch", type=int, default=10, help="the LR drops 10x here")
+    parser.add_argument("--interval", type=int, default=2, help="epochs between Accordion checks")
+    parser.add_argument("--compression", choices=list(COMPRESSIONS), default="accordion")
+    parser.add_argument("--plots", metavar="DIR", help="rank 0 draws the run's norms and levels here")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    torch.manual_seed(0)
+    x_train, y_train, x_test, y_test = (torch.from_numpy(a) for a in digits_shards(rank, size))
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=args.decay_epoch, gamma=0.1)
+    compression = COMPRESSIONS[args.compression]
+    state = None
+    log_path = pathlib.Path(tempfile.mkdtemp()) / "accordion.jsonl" if args.plots and rank == 0 else None
+    if compression is not None:
+        state = AccordionState(model, compression=compression, optimizer=optimizer, interval=args.interval,
+                               log_path=log_path)
+        model.register_comm_hook(state, accordion_hook)
+
+    checks_printed = 0
+    bar = epochs_bar(args.epochs, rank, desc="ddp")
+    for epoch in bar:
+        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
+        losses = []
+        for start in range(0, len(order), args.batch_size):
+            batch = order[start:start + args.batch_size]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        scheduler.step()
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        bar.write(f"[rank {rank}] epoch {epoch:2d}  loss {np.mean(losses):.4f}  test accuracy {accuracy:.3f}")
+        if state is None:
+            show(bar, np.mean(losses))
+            continue
+        state.end_epoch()
+        stats = state.accordion_stats()
+        show(bar, np.mean(losses), stats["total_bytes_sent"], stats["levels"])
+        for check in stats["checks"][checks_printed:]:
+            if rank == 0:
+                levels = "  ".join(f"{name}={level}" for name, level in check["levels"].items())
+                what = (f"LR decay to {check['lr']:g} in epoch {epoch}" if check["event"] == "lr_decay"
+                        else f"check after epoch {epoch}")
+                bar.write(f"[rank 0] {what}: levels per layer: {levels}")
+        checks_printed = len(stats["checks"])
+    bar.close()
+    if rank == 0:
+        sent = "" if state is None else f", {state.accordion_stats()['total_bytes_sent'] / 1e3:.1f} kB sent per rank"
+        print(f"[rank 0] {args.compression}: test accuracy {accuracy:.3f}{sent}", flush=True)
+        if log_path is not None:
+            from horovod_accordion.plot import run_figures
+            for path in run_figures(log_path, args.plots):
+                print(f"[rank 0] wrote {path}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
