@@ -29,6 +29,7 @@ import horovod.torch as horovod
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 import horovod_accordion.torch as hvd
+from horovod_accordion import ddp as accordion_ddp
 from horovod_accordion.compression import PowerSGD, matrix_shape, powersgd_compresses
 
 BATCH = 16
@@ -73,7 +74,18 @@ def ddp(hook=None, state=None, bucket_cap_mb=None):
         wrapped = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
         if hook is not None:
             wrapped.register_comm_hook(state() if callable(state) else state, hook)
-        return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+        return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9), None
+    return build
+
+
+def ddp_accordion(compression, **accordion):
+    """DDP with Accordion's hook, in DDP's default buckets (25 MB)."""
+    def build(model):
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+        state = accordion_ddp.AccordionState(wrapped, compression=compression, optimizer=optimizer, **accordion)
+        wrapped.register_comm_hook(state, accordion_ddp.accordion_hook)
+        return wrapped, optimizer, state
     return build
 
 
@@ -103,12 +115,17 @@ VARIANTS = {
     # data size doesn't match expected size").
     "ddp powersgd r1": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(1), bucket_cap_mb=100)),
     "ddp powersgd r2": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(2), bucket_cap_mb=100)),
+    "ddp accordion hook r1": ("ddp", ddp_accordion(PowerSGD(1))),
+    "ddp accordion hook r2": ("ddp", ddp_accordion(PowerSGD(2))),
+    "ddp accordion hook 2/1": ("ddp", ddp_accordion(PowerSGD(2, 1), **CHECKING)),
 }
 
 
 def group_of(name):
-    """The job a variant runs in (see speed.sh)."""
-    return "ddp-powersgd" if name.startswith("ddp powersgd") else "ddp" if name.startswith("ddp") else "ours"
+    """The job a variant runs in (see speed.sh): DDP's PowerSGD hooks, torch's and ours, together."""
+    if name.startswith(("ddp powersgd", "ddp accordion")):
+        return "ddp-powersgd"
+    return "ddp" if name.startswith("ddp") else "ours"
 
 
 def shape_bytes(model, kind, rank=None):
@@ -127,11 +144,12 @@ class Variant:
     def __init__(self, name, kind, build):
         self.name, self.kind = name, kind
         self.model = resnet18()
+        self.state = None  # Accordion's, for our DDP hook
         if kind == "ours":
             self.optimizer = build(self.model)
             self.forward = self.model
         elif kind == "ddp":
-            self.forward, self.optimizer = build(self.model)
+            self.forward, self.optimizer, self.state = build(self.model)
         else:
             self.forward = self.model
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
@@ -147,9 +165,13 @@ class Variant:
         self.optimizer.step()
         return time.perf_counter() - started
 
+    def accordion_stats(self):
+        return self.optimizer.accordion_stats() if self.kind == "ours" else \
+            self.state.accordion_stats() if self.state is not None else None
+
     def bytes_per_step(self):
-        if self.kind == "ours":
-            return self.optimizer.accordion_stats()["bytes_per_step"][-1]
+        if self.accordion_stats() is not None:
+            return self.accordion_stats()["bytes_per_step"][-1]
         if self.kind == "local":
             return 0
         if self.name == "ddp fp16_compress_hook":
@@ -159,9 +181,10 @@ class Variant:
         return shape_bytes(self.model, "dense")
 
     def levels(self):
-        if self.kind != "ours" or not self.optimizer.accordion_stats()["checks"]:
+        stats = self.accordion_stats()
+        if stats is None or not stats["checks"]:
             return None
-        return sorted({str(level) for level in self.optimizer.accordion_stats()["levels"].values()})
+        return sorted({str(level) for level in stats["levels"].values()})
 
 
 def main():
@@ -214,14 +237,16 @@ def main():
             results[variant.name]["levels_at_end"] = variant.levels()
     if hvd.rank() == 0 and args.out:
         record = json.load(open(args.out)) if os.path.exists(args.out) else {}
+        command = args.command or " ".join([sys.executable] + sys.argv)
+        record.setdefault("command", command)
+        record["commands"] = sorted(set(record.get("commands", [record["command"]])) | {command})
         record.update({
-            "command": args.command or " ".join([sys.executable] + sys.argv),
             "model": "resnet18-cifar", "batch_per_rank": BATCH, "ranks": hvd.size(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
                        f"1 thread per rank, Gloo",
             "timing": f"median of {args.rounds} rounds x {args.steps} timed steps, {args.warmup} warm-up steps "
                       f"per round; per link, three jobs back to back, each with its variants interleaved: "
-                      f"ours with stock Horovod and compute only; DDP allreduce and fp16; DDP PowerSGD",
+                      f"ours with stock Horovod and compute only; DDP allreduce and fp16; DDP PowerSGD hooks, torch's and Accordion's",
         })
         record.setdefault("links", {}).setdefault(args.link, {}).update(results)
         with open(args.out, "w") as stream:

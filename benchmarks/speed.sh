@@ -3,13 +3,23 @@
 # Horovod and torch DDP with its hooks, on three links. Each link is the loopback of a network
 # namespace of its own, limited by tbf (shared by both ranks), as in slow_link.sh; needs root
 # and iproute2. Per link, one job times ours (all variants interleaved, with stock Horovod and
-# compute only), then one DDP's allreduce and fp16 hook, then one DDP's powerSGD_hook. Writes benchmarks/results/speed_resnet18.json; on the unlimited link it also times
-# the TF tape against Horovod's (benchmarks/results/speed_tf_resnet50.json).
-#   bash benchmarks/speed.sh            # about 30 minutes on 2 cores
+# compute only), then one DDP's allreduce and fp16 hook, then one DDP's PowerSGD hooks, torch's
+# and Accordion's (horovod_accordion.ddp). Writes benchmarks/results/speed_resnet18.json; on the
+# unlimited link it also times the TF tape against Horovod's (speed_tf_resnet50.json).
+#   bash benchmarks/speed.sh                # about 30 minutes on 2 cores
+#   bash benchmarks/speed.sh ddp-powersgd   # re-time only these groups (ours, ddp, ddp-powersgd) on
+#                                           # every link, into the existing results; no TF
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results/speed_resnet18.json
-rm -f "$out"
+groups=("$@")
+full_run=no
+if [ ${#groups[@]} -eq 0 ]; then
+    groups=(ours ddp ddp-powersgd)
+    full_run=yes
+    rm -f "$out"
+fi
+command="bash benchmarks/speed.sh${*:+ $*}"
 in_namespace() {  # namespace, command...: on 2 ranks, rank 0's output
     local namespace=$1
     shift
@@ -25,11 +35,11 @@ run_link() {  # name, tbf rate or "none", rate in Mbit/s for the wire bound
         # A burst larger than one 64 KiB loopback packet, or tbf drops them all and Gloo hangs.
         ip netns exec "$namespace" tc qdisc add dev lo root tbf rate "$rate" burst 1mb latency 500ms
     fi
-    for group in ours ddp ddp-powersgd; do
+    for group in "${groups[@]}"; do
         in_namespace "$namespace" python benchmarks/speed.py --link "$link" --group "$group" \
-            ${mbit:+--rate-mbit "$mbit"} --out "$out" --command "bash benchmarks/speed.sh"
+            ${mbit:+--rate-mbit "$mbit"} --out "$out" --command "$command"
     done
-    if [ "$link" = none ]; then
+    if [ "$link" = none ] && [ "$full_run" = yes ]; then
         in_namespace "$namespace" python benchmarks/tf_speed.py --out benchmarks/results/speed_tf_resnet50.json \
             --command "bash benchmarks/speed.sh"
     fi
