@@ -246,7 +246,8 @@ def main():
                        f"1 thread per rank, Gloo",
             "timing": f"median of {args.rounds} rounds x {args.steps} timed steps, {args.warmup} warm-up steps "
                       f"per round; per link, three jobs back to back, each with its variants interleaved: "
-                      f"ours with stock Horovod and compute only; DDP allreduce and fp16; DDP PowerSGD hooks, torch's and Accordion's",
+                      f"ours with stock Horovod and compute only; DDP allreduce and fp16; DDP PowerSGD hooks, "
+                      f"torch's and Accordion's",
         })
         record.setdefault("links", {}).setdefault(args.link, {}).update(results)
         with open(args.out, "w") as stream:

@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, PowerSGD, TopK, accordion_hook
 from example_data import digits_shards
-from progress import epochs_bar, show
+from progress import epochs_bar, show, write_checks
+from torch_epoch import train_epoch
 
 COMPRESSIONS = {
     "accordion": PowerSGD(low_rank=2, high_rank=1),
@@ -65,15 +66,7 @@ def main():
     checks_printed = 0
     bar = epochs_bar(args.epochs, rank, desc="ddp")
     for epoch in bar:
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-        losses = []
-        for start in range(0, len(order), args.batch_size):
-            batch = order[start:start + args.batch_size]
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
         scheduler.step()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -84,12 +77,8 @@ def main():
         state.end_epoch()
         stats = state.accordion_stats()
         show(bar, np.mean(losses), stats["total_bytes_sent"], stats["levels"])
-        for check in stats["checks"][checks_printed:]:
-            if rank == 0:
-                levels = "  ".join(f"{name}={level}" for name, level in check["levels"].items())
-                what = (f"LR decay to {check['lr']:g} in epoch {epoch}" if check["event"] == "lr_decay"
-                        else f"check after epoch {epoch}")
-                bar.write(f"[rank 0] {what}: levels per layer: {levels}")
+        if rank == 0:
+            write_checks(bar, stats["checks"][checks_printed:], epoch)
         checks_printed = len(stats["checks"])
     bar.close()
     if rank == 0:

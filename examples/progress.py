@@ -1,4 +1,4 @@
-"""The examples' progress bar: tqdm on rank 0 only, with loss, MB sent and the levels now."""
+"""The examples' progress bar (tqdm on rank 0 only, with loss, MB sent and the levels now) and check reports."""
 from tqdm import tqdm
 
 
@@ -14,3 +14,12 @@ def show(bar, loss, bytes_sent=None, levels=None):
     if levels and None not in levels.values():
         postfix["levels"] = ",".join(f"{level:g}" for level in levels.values())
     bar.set_postfix(postfix)
+
+
+def write_checks(bar, checks, epoch):
+    """Print rank 0's Accordion checks and LR decays of this epoch (``checks``: the new ones)."""
+    for check in checks:
+        levels = "  ".join(f"{name}={level}" for name, level in check["levels"].items())
+        what = (f"LR decay to {check['lr']:g} in epoch {epoch}" if check["event"] == "lr_decay"
+                else f"check after epoch {epoch}")
+        bar.write(f"[rank 0] {what}: levels per layer: {levels}")

@@ -51,6 +51,7 @@ class AccordionState:
         eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm,
         verify_levels, log_path: as in ``horovod_accordion.torch.DistributedOptimizer``.
             Windows are epochs closed by ``end_epoch()``, or ``window_steps`` steps.
+        Buckets are DDP's own: ``bucket_cap_mb`` on ``DistributedDataParallel`` sizes them.
         start_iter: the first ``start_iter`` steps are a plain allreduce of every bucket, as
             ``powerSGD_hook``'s ``start_powerSGD_iter``; the detector counts them and
             accumulates their gradients all the same. 0 by default: Accordion's ℓ_low

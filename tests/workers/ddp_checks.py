@@ -10,6 +10,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, PowerSGD, TopK, accordion_hook
+from tests.workers.models import batch_of_rank, make_model
 
 COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
 
@@ -20,24 +21,9 @@ def setup():
     return dist.get_rank()
 
 
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(),
-                               torch.nn.Linear(32, 24), torch.nn.ReLU(), torch.nn.Linear(24, 4))
-
-
-def rank_batch(step, scale=1.0):
-    """Different data on every rank, rank 1's three times larger: the gradients differ."""
-    rank = dist.get_rank()
-    generator = torch.Generator().manual_seed(1000 * rank + step)
-    x = torch.randn(16, 20, generator=generator) * scale * (1 + 3 * rank)
-    y = torch.randint(0, 4, (16,), generator=generator)
-    return x, y
-
-
 def loss_at(model, step):
     """Inputs ×10 from step 6, so the detector sees a regime change and switches levels."""
-    x, y = rank_batch(step, scale=10.0 if step >= 6 else 1.0)
+    x, y = batch_of_rank(dist.get_rank(), step, scale=10.0 if step >= 6 else 1.0)
     return torch.nn.functional.cross_entropy(model(x), y)
 
 

@@ -8,7 +8,8 @@ import torch.distributed as dist
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import Compression
-from tests.workers.ddp_checks import hooked, levels_history, loss_at, make_model, train
+from tests.workers.ddp_checks import hooked, levels_history, loss_at, train
+from tests.workers.models import make_model
 
 COMPRESSIONS = {"powersgd 2/1": Compression.powersgd(2, 1, min_compression_rate=0),
                 "topk 0.5/0.1": Compression.topk(0.5, 0.1)}

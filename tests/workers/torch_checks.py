@@ -8,6 +8,7 @@ import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import BatchSwitch, Compression
+from tests.workers.models import batch_of_rank, make_model
 
 
 def setup():
@@ -27,18 +28,8 @@ def assert_same_on_all_ranks(model):
         assert torch.equal(rows[0], rows[1]), f"{name} differs across ranks"
 
 
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(),
-                               torch.nn.Linear(32, 24), torch.nn.ReLU(), torch.nn.Linear(24, 4))
-
-
 def rank_batch(step, scale=1.0):
-    """Different data on every rank: the gradients differ, so averaging matters."""
-    generator = torch.Generator().manual_seed(1000 * hvd.rank() + step)
-    x = torch.randn(16, 20, generator=generator) * scale * (1 + 3 * hvd.rank())
-    y = torch.randint(0, 4, (16,), generator=generator)
-    return x, y
+    return batch_of_rank(hvd.rank(), step, scale)
 
 
 def train(model, optimizer, steps, scale_at=None):
