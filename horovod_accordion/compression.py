@@ -109,8 +109,14 @@ def is_matrix(shape):
     return len(shape) > 1
 
 
-def matrix_shape(shape):
-    """The (n, m) view of a tensor: n = shape[0], m = the product of the rest."""
+def matrix_shape(shape, channels_last=False):
+    """The (n, m) matrix PowerSGD compresses a tensor as. Output channels first (torch's conv
+    kernels, (out, in, kh, kw)): n = shape[0], m = the product of the rest. ``channels_last``
+    (TensorFlow's, (kh, kw, in, out)): n = the product of all but the last, m = shape[-1].
+    Either way a conv kernel is out × (in·kh·kw) or its transpose, as torch's ``powerSGD_hook``
+    views it, and a 2-D tensor is itself."""
+    if channels_last:
+        return math.prod(shape[:-1]), shape[-1]
     return shape[0], math.prod(shape[1:])
 
 

@@ -11,8 +11,8 @@ import warnings
 
 import numpy as np
 
-from horovod_accordion.compression import (clamped_rank, index_bytes, index_dtype, is_matrix, matrix_shape,
-                                           packed_index_words, powersgd_compresses, sparse_is_cheaper)
+from horovod_accordion.compression import (clamped_rank, index_bytes, index_dtype, is_matrix, packed_index_words,
+                                           powersgd_compresses, sparse_is_cheaper)
 
 from horovod_accordion.compression import PowerSGD, TopK
 
@@ -159,7 +159,8 @@ class DenseReducer(_Reducer):
 class PowerSGDReducer(_Reducer):
     """PowerSGD with a switchable rank, batched over the layers of a bucket (Vogels et al. 2019, Alg. 1).
 
-    Per step, for every compressed layer (M viewed as n×m, Q of shape m×r)::
+    Per step, for every compressed layer (M viewed as n×m in its framework's layout, see
+    ``compression.matrix_shape``; Q of shape m×r)::
 
         M = grad + memory                 error feedback
         P = M Q;     allreduce(P)         one fused allreduce per bucket (+ its 1-D tensors)
@@ -194,15 +195,17 @@ class PowerSGDReducer(_Reducer):
         self.config = config
         self.ops = ops
         self.shapes = [tuple(s) for s in shapes]
-        self.compressed = [i for i, s in enumerate(self.shapes) if powersgd_compresses(s, config)]
+        # Each tensor's n×m matrix in its framework's layout (``ops.matrix_shape``).
+        self.matrices = {i: ops.matrix_shape(s) for i, s in enumerate(self.shapes) if is_matrix(s)}
+        self.compressed = [i for i, nm in self.matrices.items() if powersgd_compresses(nm, config)]
         self.memory, self.q, self.ranks = {}, {}, {}
         for i in self.compressed:
-            n, m = matrix_shape(self.shapes[i])
-            width = clamped_rank(config.low_rank, self.shapes[i])
+            n, m = self.matrices[i]
+            width = clamped_rank(config.low_rank, self.matrices[i])
             self.memory[i] = ops.state(np.zeros((n, m)), f"powersgd_memory_{i}")
             self.q[i] = ops.state(initial_query(config.seed, i, m, width), f"powersgd_q_{i}")
             self.ranks[i] = ops.level(width, f"powersgd_rank_{i}")
-        clamped = sorted({self.shapes[i] for i in self.compressed if clamped_rank(config.low_rank, self.shapes[i])
+        clamped = sorted({self.shapes[i] for i in self.compressed if clamped_rank(config.low_rank, self.matrices[i])
                           < config.low_rank})
         if clamped:
             warnings.warn(f"PowerSGD rank {config.low_rank} exceeds min(n, m) of the layers of shapes {clamped}: "
@@ -210,7 +213,7 @@ class PowerSGDReducer(_Reducer):
 
     def set_levels(self, levels):
         for i in self.compressed:
-            self.ops.set_level(self.ranks[i], clamped_rank(levels[i], self.shapes[i]))
+            self.ops.set_level(self.ranks[i], clamped_rank(levels[i], self.matrices[i]))
 
     def phases(self, layers, grads, name):
         ops = self.ops
@@ -218,7 +221,7 @@ class PowerSGDReducer(_Reducer):
         dense = [(i, g) for i, g in zip(layers, grads) if i not in self.ranks]
         matrices, ps = [], []
         for i, grad in compressed:
-            m = ops.as_matrix(grad, matrix_shape(self.shapes[i]))
+            m = ops.as_matrix(grad, self.matrices[i])
             if self.config.use_error_feedback:
                 m = m + ops.read(self.memory[i])
             matrices.append(m)

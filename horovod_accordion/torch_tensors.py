@@ -8,7 +8,7 @@ accepts (Horovod 0.28.1 rejects bf16 allreduce).
 
 import torch
 
-from horovod_accordion.compression import kept_count
+from horovod_accordion.compression import kept_count, matrix_shape
 
 __all__ = ["Level", "TorchTensorOps"]
 
@@ -61,6 +61,10 @@ class TorchTensorOps:
         q[:, :value.shape[1]].copy_(value)
 
     # Tensor maths.
+    def matrix_shape(self, shape):
+        """Output channels first: a conv kernel (out, in, kh, kw) is out × (in·kh·kw)."""
+        return matrix_shape(shape)
+
     def as_matrix(self, grad, shape):
         return grad.reshape(shape).to(torch.float32)
 

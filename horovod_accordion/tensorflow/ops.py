@@ -9,6 +9,8 @@ import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
+from horovod_accordion.compression import matrix_shape
+
 __all__ = ["TensorFlowOps"]
 
 _WIRE_DTYPES = {tf.bfloat16: tf.float32}
@@ -58,6 +60,10 @@ class TensorFlowOps:
         q.assign(tf.concat([value, q[:, tf.shape(value)[1]:]], axis=1))
 
     # Tensor maths.
+    def matrix_shape(self, shape):
+        """Output channels last: a conv kernel (kh, kw, in, out) is (kh·kw·in) × out, a plain reshape."""
+        return matrix_shape(shape, channels_last=True)
+
     def as_matrix(self, grad, shape):
         return tf.reshape(tf.cast(tf.convert_to_tensor(grad), tf.float32), shape)
 

@@ -26,7 +26,11 @@ def setup():
     return hvd.rank()
 
 
-SHAPES = [(16, 12), (12,), (8, 3, 3, 2), (5, 40)]
+# The TF shapes; a 4-D one is a Keras conv kernel (kh, kw, in, out), which TF compresses as the
+# (kh·kw·in) × out matrix. torch gets each gradient as the matrix TF compresses, so both
+# frameworks run the same maths on the same matrices.
+SHAPES = [(16, 12), (12,), (3, 3, 2, 8), (5, 40)]
+TORCH_SHAPES = [(16, 12), (12,), (18, 8), (5, 40)]
 
 
 def rank_gradients(step):
@@ -36,16 +40,16 @@ def rank_gradients(step):
 
 def run_both(make_reducer, levels_per_step):
     """The same gradients, seeds and levels through the torch and the TF reducer."""
-    torch_reducer = make_reducer(TorchOps())
-    tf_reducer = make_reducer(TensorFlowOps())
+    torch_reducer = make_reducer(TorchOps(), TORCH_SHAPES)
+    tf_reducer = make_reducer(TensorFlowOps(), SHAPES)
     for step, levels in enumerate(levels_per_step):
         torch_reducer.set_levels(levels)
         tf_reducer.set_levels(levels)
         grads = rank_gradients(step)
-        torch_out = torch_reducer.reduce([torch.from_numpy(g) for g in grads])
+        torch_out = torch_reducer.reduce([torch.from_numpy(g.reshape(s)) for g, s in zip(grads, TORCH_SHAPES)])
         tf_out = tf_reducer.reduce([tf.constant(g) for g in grads])
         for layer, (a, b) in enumerate(zip(torch_out, tf_out)):
-            assert_agree(a.numpy(), b.numpy(), f"step {step}, layer {layer}: decompressed gradients")
+            assert_agree(a.numpy().reshape(b.shape), b.numpy(), f"step {step}, layer {layer}: decompressed gradients")
         for group, entries in torch_reducer.state().items():
             for i, holder in entries.items():
                 if group in ("memory", "residual"):  # Q's column signs depend on the QR routine
@@ -65,13 +69,26 @@ def check_cross_framework_powersgd_equivalence():
     config = hvd.Compression.powersgd(low_rank=3, high_rank=1, min_compression_rate=0)
     # ranks 3,3 then a switch to 1, then back to 3: the warm start survives both ways
     levels = [[3] * 4] * 2 + [[1] * 4] * 2 + [[3] * 4] * 2
-    run_both(lambda ops: PowerSGDReducer(SHAPES, config, ops), levels)
+    run_both(lambda ops, shapes: PowerSGDReducer(shapes, config, ops), levels)
+
+
+def check_a_keras_conv_kernel_is_compressed_as_kh_kw_in_by_out():
+    """(3, 3, 64, 128) is the 576 × 128 matrix, as torch's (128, 64, 3, 3) is 128 × 576, and a
+    1×1 kernel is 64 × 128: at rank 1 each sends n + m floats for P and Q."""
+    ops = TensorFlowOps()
+    shapes = [(3, 3, 64, 128), (1, 1, 64, 128)]
+    reducer = PowerSGDReducer(shapes, hvd.Compression.powersgd(1), ops)
+    assert [tuple(reducer.memory[i].shape) for i in reducer.compressed] == [(576, 128), (64, 128)]
+    reducer.reduce([tf.ones(shape) for shape in shapes])
+    sent = ops.take_bytes_sent()
+    assert sent == 4 * (576 + 128 + 64 + 128), sent
+    return sent
 
 
 def check_cross_framework_topk_equivalence():
     config = hvd.Compression.topk(0.7, 0.1)
     levels = [[0.7] * 4] * 2 + [[0.1] * 4] * 3 + [[0.7] * 4]
-    run_both(lambda ops: TopKReducer(SHAPES, config, ops), levels)
+    run_both(lambda ops, shapes: TopKReducer(shapes, config, ops), levels)
 
 
 def make_keras_model():
