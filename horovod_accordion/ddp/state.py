@@ -87,13 +87,17 @@ class AccordionState:
                                       lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
                                       check_norm=check_norm, verify_levels=verify_levels)
         self.log_path = log_path
+        self._exchange = None
         self._saved = None  # what an unpickled state restores once bound
         self.bind(model, optimizer)
 
     def bind(self, model, optimizer=None):
         """Attach the state to ``model`` (and ``optimizer``), which the constructor does; after
-        unpickling, attach it to the new model before training. A collective: every rank
-        checks that the others have the same parameters and compression."""
+        unpickling, attach it to the new model before training. A state already bound keeps
+        what it has learnt. A collective: every rank checks that the others have the same
+        parameters and compression."""
+        if self._exchange is not None:
+            self._saved = self.state_dict()
         module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         names, params = [name for name, _ in named], [p for _, p in named]
@@ -117,27 +121,31 @@ class AccordionState:
 
     @property
     def levels(self):
-        return dict(zip(self._names, self._exchange.accordion.levels))
+        return dict(zip(self._names, self._bound().accordion.levels))
 
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given)."""
-        self._exchange.observe_lr(lr)
+        self._bound().observe_lr(lr)
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank."""
-        if self._exchange.accordion.window_steps is not None:
-            raise RuntimeError(f"this state closes its windows every {self._exchange.accordion.window_steps} "
+        exchange = self._bound()
+        if exchange.accordion.window_steps is not None:
+            raise RuntimeError(f"this state closes its windows every {exchange.accordion.window_steps} "
                                f"steps by itself; end_epoch() is for window_steps=None")
-        self._exchange.end_window()
+        exchange.end_window()
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
-        return dict(self._exchange.accordion.log.as_dict(), levels=self.levels)
+        return dict(self._bound().accordion.log.as_dict(), levels=self.levels)
 
     def state_dict(self):
+        if self._exchange is None:
+            return self._saved
         return dict(self._exchange.state_dict(), iter=self.iter)
 
     def load_state_dict(self, state_dict):
+        self._bound()
         if self._waiting:
             raise RuntimeError("load_state_dict() between backward and the end of its communication")
         self._exchange.load_state_dict(state_dict)
@@ -153,10 +161,14 @@ class AccordionState:
         self.process_group = None
         self._exchange = None
 
-    def _on_bucket(self, bucket):
+    def _bound(self):
         if self._exchange is None:
             raise RuntimeError("this AccordionState was unpickled and has no model yet: call "
                                "state.bind(model, optimizer) before training")
+        return self._exchange
+
+    def _on_bucket(self, bucket):
+        self._bound()
         try:
             if self._optimizer is not None:
                 self._exchange.observe_lr(self._optimizer.param_groups[0]["lr"])

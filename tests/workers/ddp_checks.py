@@ -117,8 +117,9 @@ def check_a_bucket_is_on_the_wire_before_backward_reaches_the_first_layer():
 
 def check_a_checkpoint_round_trip_continues_bit_identically():
     """Saved mid-window at step 7 (pickled state, model and optimizer state dicts), restored
-    into a fresh model: the next 7 steps give bitwise the parameters and levels of 14 steps
-    in one go. Every process saves its own state: the memories and Δ are per rank."""
+    into a fresh model, and bound again to it at step 10: the next 7 steps give bitwise the
+    parameters and levels of 14 steps in one go. Every process saves its own state: the
+    memories and Δ are per rank."""
     report = {}
     for name, compression in COMPRESSIONS.items():
         model, optimizer, state = hooked(compression)
@@ -140,7 +141,9 @@ def check_a_checkpoint_round_trip_continues_bit_identically():
         assert resumed_state.process_group is None
         resumed_state.bind(resumed, resumed_optimizer)
         resumed.register_comm_hook(resumed_state, accordion_hook)
-        train(resumed, resumed_optimizer, 7, first=7, decay_at=10)
+        train(resumed, resumed_optimizer, 3, first=7)
+        resumed_state.bind(resumed, resumed_optimizer)
+        train(resumed, resumed_optimizer, 4, first=10, decay_at=10)
 
         for (layer, p), q in zip(model.named_parameters(), resumed.parameters()):
             assert torch.equal(p, q), f"{name}, {layer}: max diff {(p - q).abs().max():.3e}"
