@@ -96,8 +96,9 @@ class AccordionState:
         unpickling, attach it to the new model before training. A state already bound keeps
         what it has learnt. A collective: every rank checks that the others have the same
         parameters and compression."""
+        log = None
         if self._exchange is not None:
-            self._saved = self.state_dict()
+            self._saved, log = self.state_dict(), self._exchange.accordion.log
         module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         names, params = [name for name, _ in named], [p for _, p in named]
@@ -109,7 +110,7 @@ class AccordionState:
         _check_same_on_all_ranks(self._ops, names, params, self.compression)
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, None)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
-        log = CommunicationLog(path=self.log_path if self._ops.rank() == 0 else None)
+        log = log or CommunicationLog(path=self.log_path if self._ops.rank() == 0 else None)
         accordion = Accordion(names, levels, log=log, **self._schedule_options)
         self._exchange = BucketedExchange(accordion, reducer, self._ops, params)
         self._waiting = []  # (future, bucket buffer, layers, gradient views) of the step in progress
