@@ -151,6 +151,7 @@ class Accordion:
             if self.check_norm == "local":
                 squared = ops.start_allreduce_mean(ops.squared_norms(accumulated), "accordion.norms").wait()
             else:
+                # Δ is emptied after a check, so the collective may write the average into it.
                 squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "accordion.delta"))
             if self.end_window(ops.to_floats(squared), bytes_sent=ops.take_bytes_sent()):
                 reducer.set_levels(self.levels)

@@ -180,7 +180,8 @@ class TorchTensorOps:
         return total / indices.shape[0]
 
     def squared_norms(self, tensors):
-        return torch.stack([t.double().pow(2).sum() for t in tensors])
+        """In fp64, with one copy of each tensor (none for fp64 ones) rather than two."""
+        return torch.stack([torch.dot(flat, flat) for flat in (t.reshape(-1).double() for t in tensors)])
 
     def non_finite_flags(self, tensors):
         return torch.stack([~self.all_finite(t) for t in tensors]).to(torch.float32)
@@ -196,7 +197,14 @@ class TorchTensorOps:
         return str(_WIRE_DTYPES.get(tensor.dtype, tensor.dtype)).replace("torch.", "")
 
     def flat_concat(self, tensors, wire_dtype):
-        return torch.cat([t.reshape(-1).to(getattr(torch, wire_dtype)) for t in tensors])
+        """The tensors as one flat buffer, which the collectives overwrite with their result. A
+        lone contiguous tensor already in ``wire_dtype`` is its own buffer, with no copy, as
+        Horovod's optimizer reduces ``p.grad`` in place: the reducers only pass tensors whose
+        average replaces them (gradients) or that are theirs (P, Q)."""
+        dtype = getattr(torch, wire_dtype)
+        if len(tensors) == 1 and tensors[0].dtype == dtype and tensors[0].is_contiguous():
+            return tensors[0].view(-1)
+        return torch.cat([t.reshape(-1).to(dtype) for t in tensors])
 
     def split_like(self, flat, tensors):
         chunks = flat.split([t.numel() for t in tensors])

@@ -37,7 +37,7 @@ class DistributedOps(TorchTensorOps):
         return dist.get_rank(self.process_group)
 
     def start_allreduce_mean(self, flat, name, compression=None):
-        """Sum in place, then divide: Gloo has no average. ``flat`` is always a buffer of our own."""
+        """Sum in place, then divide: Gloo has no average. ``flat`` is ours to overwrite (``flat_concat``)."""
         if compression is not None:
             raise ValueError("the DDP backend averages in the gradients' own precision: for fp16 on the wire, "
                              "use DDP's fp16_compress_hook, or torch's fp16_compress_wrapper")

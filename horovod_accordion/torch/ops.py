@@ -40,7 +40,7 @@ class TorchOps(TorchTensorOps):
         self.bytes_sent += wire.numel() * wire.element_size()
         # Pre/post-scaling splits the average, as Horovod's optimizer does, so that fp16
         # sums of many workers do not overflow (horovod#1699).
-        # In place, as Horovod's optimizer does: ``flat`` is always a buffer of our own.
+        # In place, as Horovod's optimizer does: ``flat`` is ours to overwrite (``flat_concat``).
         handle = hvd.allreduce_async_(wire, name=name, op=hvd.Average,
                                       prescale_factor=1.0 / self.gradient_predivide_factor,
                                       postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
