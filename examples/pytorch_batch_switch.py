@@ -15,6 +15,7 @@ import torch
 import horovod_accordion.torch as hvd
 from example_data import digits_shards
 from progress import epochs_bar, show
+from torch_epoch import train_epoch
 
 
 def parse_args():
@@ -56,16 +57,10 @@ def main():
 
     bar = epochs_bar(args.epochs, hvd.rank(), desc=args.mode)
     for epoch in bar:
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-        for start in range(0, len(order), micro_batch):
-            batch = order[start:start + micro_batch]
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
-            loss.backward()
-            optimizer.step()
+        losses = train_epoch(model, optimizer, x_train, y_train, micro_batch, epoch)
         scheduler.step()
         stats = optimizer.accordion_stats()
-        show(bar, loss.item(), stats["total_bytes_sent"], {"micro-batches": optimizer.micro_batches_per_step})
+        show(bar, losses[-1], stats["total_bytes_sent"], {"micro-batches": optimizer.micro_batches_per_step})
         if args.mode == "accordion":
             optimizer.end_epoch()
             check = optimizer.accordion_stats()["checks"][-1]

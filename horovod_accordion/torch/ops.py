@@ -5,9 +5,9 @@ collectives on top of the shared torch tensor maths (``horovod_accordion.torch_t
 import horovod.torch as hvd
 
 from horovod_accordion.torch.compression import NoneCompressor
-from horovod_accordion.torch_tensors import Level, TorchTensorOps
+from horovod_accordion.torch_tensors import TorchTensorOps
 
-__all__ = ["TorchOps", "Level"]
+__all__ = ["TorchOps"]
 
 
 class _Pending:
