@@ -75,6 +75,9 @@ class RegimeDetector:
         # The highest learning rates of the previous and of the current window.
         self.lr_previous_window = None
         self.lr_current_window = None
+        # A fast anneal (OneCycleLR) halves the rate several times in one window; only the
+        # first drop tells the next check anything, so a window has at most one decay event.
+        self.decayed_this_window = False
 
     @property
     def next_window_is_check(self):
@@ -89,6 +92,7 @@ class RegimeDetector:
         ``self.critical`` were re-evaluated), else ``False``.
         """
         window = self.windows_seen
+        self.decayed_this_window = False
         if self.lr_current_window is not None:
             self.lr_previous_window, self.lr_current_window = self.lr_current_window, None
         if window % self.interval != 0:
@@ -132,10 +136,11 @@ class RegimeDetector:
         reference = max((r for r in (self.lr_previous_window, self.lr_current_window) if r is not None),
                         default=lr)
         self.lr_current_window = lr if self.lr_current_window is None else max(self.lr_current_window, lr)
-        if lr >= reference or lr * self.lr_decay_factor > reference:
+        if lr >= reference or lr * self.lr_decay_factor > reference or self.decayed_this_window:
             return False
         # The drop is used up: later steps at the new rate must not fire again.
         self.lr_previous_window, self.lr_current_window = None, lr
+        self.decayed_this_window = True
         self.critical = [True] * self.num_layers
         return True
 
@@ -147,15 +152,28 @@ class RegimeDetector:
             "last_check_norms": None if self.last_check_norms is None else list(self.last_check_norms),
             "last_ratios": None if self.last_ratios is None else list(self.last_ratios),
             "lr_previous_window": self.lr_previous_window, "lr_current_window": self.lr_current_window,
+            "decayed_this_window": self.decayed_this_window,
         }
 
-    def load_state_dict(self, state):
+    def check_compatible(self, state):
         if state["num_layers"] != self.num_layers:
             raise ValueError(
                 f"detector state is for {state['num_layers']} layers, this model has {self.num_layers}")
+
+    def load_state_dict(self, state):
+        """Resume ``state``, with its ``eta``, ``interval``, ``per_layer`` and ``lr_decay_factor``:
+        its norms and windows were measured under them. A warning names each one that differs
+        from this detector's own arguments."""
+        self.check_compatible(state)
+        differ = [f"{key}={state[key]!r} (constructed with {getattr(self, key)!r})"
+                  for key in ("eta", "interval", "per_layer", "lr_decay_factor") if state[key] != getattr(self, key)]
+        if differ:
+            warnings.warn(f"the checkpoint's detector was configured with {', '.join(differ)}: the checkpoint's "
+                          f"values win, as its norms and windows were measured under them", RuntimeWarning)
         for key in ("eta", "interval", "per_layer", "lr_decay_factor", "windows_seen",
                     "last_check_norms", "last_ratios", "lr_previous_window", "lr_current_window"):
             setattr(self, key, state[key])
+        self.decayed_this_window = state.get("decayed_this_window", False)
         self.critical = list(state["critical"])
 
 

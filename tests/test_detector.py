@@ -99,7 +99,11 @@ def test_non_finite_norm_keeps_level_and_warns():
 
 def test_step_decay_fires_once_per_drop_and_warmup_never_fires():
     detector = RegimeDetector(num_layers=1)
-    events = [e for e in range(300) if detector.observe_lr(cifar_lr(e))]
+    events = []
+    for epoch in range(300):
+        if detector.observe_lr(cifar_lr(epoch)):
+            events.append(epoch)
+        detector.end_window([1.0])
     assert events == [152, 252]
 
 
@@ -153,6 +157,35 @@ def test_two_halvings_in_consecutive_windows_fire_twice():
     assert fired == [False, False, True, True, False]
 
 
+def test_fast_anneal_fires_at_most_once_per_window():
+    """OneCycleLR's anneal halves the rate several times within one epoch: one event per window."""
+    detector = RegimeDetector(num_layers=1, interval=1)
+    events = []
+    for epoch in range(3):
+        for step in range(100):
+            if detector.observe_lr(1.0 * 0.5 ** ((epoch * 100 + step) / 12)):  # ÷2 every 12 steps
+                events.append((epoch, step))
+        detector.end_window([1.0])
+    assert [epoch for epoch, _ in events] == [0, 1, 2], events
+
+
+def test_decay_flag_survives_a_state_dict_round_trip():
+    detector = RegimeDetector(num_layers=1)
+    assert detector.observe_lr(1.0) is False and detector.observe_lr(0.4) is True
+    restored = RegimeDetector(num_layers=1)
+    restored.load_state_dict(detector.state_dict())
+    assert restored.observe_lr(0.1) is False  # a second drop in the same window
+
+
+def test_a_state_of_another_configuration_warns_naming_what_differs_and_which_wins():
+    saved = RegimeDetector(num_layers=2, eta=0.5, interval=10).state_dict()
+    detector = RegimeDetector(num_layers=2, eta=0.3, interval=5)
+    with pytest.warns(RuntimeWarning, match=r"eta=0\.5 \(constructed with 0\.3\), interval=10 \(constructed "
+                                            r"with 5\): the checkpoint's values win"):
+        detector.load_state_dict(saved)
+    assert detector.eta == 0.5 and detector.interval == 10
+
+
 def test_slow_decay_across_windows_never_fires():
     """×0.8 per window: a factor 2 over four windows, but never within one."""
     detector = RegimeDetector(num_layers=1)
@@ -169,8 +202,11 @@ def test_linear_warmup_then_linear_decay():
 
     detector = RegimeDetector(num_layers=1, lr_decay_factor=4.0)
     events = [s for s in range(110) if detector.observe_lr(warmup_linear(s))]
-    # 0.4 -> 0.1 at step 85, 0.1 -> 0.024 at 104, 0.024 -> 0.004 at 109: a factor 4 each time
-    assert events == [85, 104, 109]
+    # 0.4 -> 0.1 at step 85, then 0.1 -> 0.024 at 104 and 0.024 -> 0.004 at 109, a factor 4 each
+    # time; all in one window, which has at most one decay event
+    assert events == [85]
+    detector.end_window([1.0])
+    assert detector.observe_lr(0.001) is True  # the next window's drop fires
 
 
 def test_decay_rule_holds_until_next_check_which_decides_again():
