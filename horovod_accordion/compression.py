@@ -151,8 +151,11 @@ def sparse_is_cheaper(kept, numel, index_bytes, size):
     """Whether ``kept`` fp32 values and their indices, allgathered over a ring of ``size``
     ranks ((size − 1)·kept·(4 + index_bytes) bytes sent per rank), cost less than a dense
     fp32 allreduce of ``numel`` entries (2·(size − 1)/size·4·numel). Works on numbers and on
-    framework tensors."""
-    return kept * (4 + index_bytes) * size < 8 * numel
+    framework tensors: ``kept`` is compared with a threshold computed in Python, as
+    kept·a < b ⇔ kept < ⌈b / a⌉ for integers, since the product would wrap past 2³¹ in an
+    int32 tensor (a large embedding on 8 ranks)."""
+    per_kept = (4 + index_bytes) * size
+    return kept < -(-8 * numel // per_kept)
 
 
 def kept_count(fraction, numel):
