@@ -149,10 +149,10 @@ class Accordion:
         empty = self.window_empties_delta
         if self.window_is_check:
             if self.check_norm == "local":
-                squared = ops.start_allreduce_mean(ops.squared_norms(accumulated), "accordion.norms").wait()
+                squared = ops.start_allreduce_mean(ops.squared_norms(accumulated), "norms").wait()
             else:
                 # Δ is emptied after a check, so the collective may write the average into it.
-                squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "accordion.delta"))
+                squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "delta"))
             if self.end_window(ops.to_floats(squared), bytes_sent=ops.take_bytes_sent()):
                 reducer.set_levels(self.levels)
             if self.verify_levels:
@@ -177,7 +177,7 @@ class Accordion:
     def _verify_same_levels(self, ops):
         """All ranks see the same gathered rows, so they all raise or none does."""
         mine = [float(level) for level in self.levels] + [float(self.step), float(self.detector.windows_seen)]
-        rows = ops.to_floats(ops.start_allgather(ops.from_floats(mine), "accordion.verify_levels").wait())
+        rows = ops.to_floats(ops.start_allgather(ops.from_floats(mine), "verify_levels").wait())
         ops.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
         if any(row != rows[0] for row in rows):
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]
@@ -188,17 +188,27 @@ class Accordion:
                 f"differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
 
     def state_dict(self):
+        """The schedule, with the check history, so that a resumed run's stats stay whole."""
         return {"detector": self.detector.state_dict(), "step": self.step,
                 "micro_batches_accumulated": self.micro_batches_accumulated,
-                "levels": (self.low, self.high), "layer_names": self.layer_names}
+                "levels": (self.low, self.high), "layer_names": self.layer_names,
+                "checks": list(self.log.checks)}
 
-    def load_state_dict(self, state):
+    def check_compatible(self, state):
+        """Raise a ``ValueError`` that says what differs if ``state`` is another configuration's."""
         if tuple(state["levels"]) != (self.low, self.high):
             raise ValueError(f"checkpoint levels {tuple(state['levels'])} differ from this optimizer's "
                              f"{(self.low, self.high)}")
         if list(state["layer_names"]) != self.layer_names:
-            raise ValueError("checkpoint layer names differ from this model's parameters")
+            missing = sorted(set(state["layer_names"]) ^ set(self.layer_names))
+            raise ValueError(f"checkpoint layer names differ from this model's parameters"
+                             f"{': ' + ', '.join(missing[:5]) if missing else ' (their order differs)'}")
+        self.detector.check_compatible(state["detector"])
+
+    def load_state_dict(self, state):
+        self.check_compatible(state)
         self.detector.load_state_dict(state["detector"])
+        self.log.checks = list(state.get("checks", self.log.checks))
         self.step = state["step"]
         self.micro_batches_accumulated = state["micro_batches_accumulated"]
 

@@ -1,10 +1,14 @@
 """Checks shared by every adapter: Horovod's optimizer arguments, and the cross-rank
 consistency of what will be exchanged. Pure Python; the adapters run the collectives."""
 
+import hashlib
 import os
+import weakref
 
-__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_on_all_ranks", "exchange_signature",
-           "under_elastic"]
+__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_on_all_ranks", "collective_prefix",
+           "exchange_signature", "under_elastic"]
+
+_prefixes_in_use = weakref.WeakValueDictionary()
 
 
 def under_elastic():
@@ -12,6 +16,22 @@ def under_elastic():
     a joining worker builds its optimizer while the others train, so the cross-rank checks
     move from construction to each state sync."""
     return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def collective_prefix(names, owner):
+    """The prefix of ``owner``'s collective names, unique among the live exchanges of this
+    process and the same on every rank: Horovod matches collectives by name, so two
+    optimizers whose buckets are in flight in one backward (a GAN, one optimizer per module)
+    must not both send ``powersgd.P.b0``. It is derived from the layer names, as Horovod
+    names its allreduces by parameter, so a joining elastic worker finds the same one; two
+    live exchanges over the same names (built in the same order on every rank) are numbered."""
+    base = "accordion." + hashlib.sha1("\0".join(names).encode()).hexdigest()[:10]
+    prefix, copies = base, 1
+    while _prefixes_in_use.get(prefix) is not None:
+        copies += 1
+        prefix = f"{base}.{copies}"
+    _prefixes_in_use[prefix] = owner
+    return prefix
 
 
 def check_optimizer_arguments(op_name, gradient_predivide_factor, backward_passes_per_step):

@@ -10,7 +10,7 @@ The decision is whole-model, as in the authors' batch-size runs and Shockwave.
 import math
 from dataclasses import dataclass
 
-__all__ = ["BatchSwitch", "MicroBatchCounter"]
+__all__ = ["BatchSwitch", "MicroBatchCounter", "switched_levels"]
 
 _LR_SCALING = {
     "linear": lambda multiplier: float(multiplier),
@@ -85,8 +85,16 @@ class MicroBatchCounter:
     def __init__(self, switch):
         self.switch = switch
         self.pending = 0
+        # Of the pending micro-batches, those whose gradients this rank does not hold: it
+        # restored another rank's checkpoint, which shares the count but not the gradients.
+        self.missing = 0
         self._level = None
         self._steps_at_level = 0
+
+    @property
+    def held(self):
+        """The pending micro-batches whose gradients this rank holds: its sum's divisor."""
+        return self.pending - self.missing
 
     def add(self, micro_batches_per_step):
         self.pending += 1
@@ -94,7 +102,7 @@ class MicroBatchCounter:
 
     def complete_step(self):
         """The record of the step now applied: its micro-batches and LR factor."""
-        micro_batches, self.pending = self.pending, 0
+        micro_batches, self.pending, self.missing = self.pending, 0, 0
         same = micro_batches == self._level
         self._steps_at_level = self._steps_at_level + 1 if same else 0
         self._level = micro_batches
@@ -106,5 +114,20 @@ class MicroBatchCounter:
         and where the LR warm-up stands."""
         return {"pending": self.pending, "level": self._level, "steps_at_level": self._steps_at_level}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, held=None):
+        """``held``: how many of the saved pending micro-batches' gradients this rank restored
+        (``None``: all of them)."""
         self.pending, self._level, self._steps_at_level = state["pending"], state["level"], state["steps_at_level"]
+        self.missing = 0 if held is None else self.pending - held
+
+
+def switched_levels(batch_switch, compression_levels, backward_passes_per_step):
+    """The levels Accordion switches: the compression's, or with ``batch_switch`` the
+    micro-batches per step. Every adapter checks a batch switch here, the same way."""
+    if batch_switch is None:
+        return compression_levels
+    if not isinstance(batch_switch, BatchSwitch):
+        raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
+    if backward_passes_per_step != 1:
+        raise ValueError("batch_switch accumulates micro-batches itself: leave backward_passes_per_step at 1")
+    return batch_switch.replace_levels(compression_levels)

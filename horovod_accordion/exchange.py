@@ -66,6 +66,18 @@ class BucketedExchange:
         if window_complete:
             self.end_window()
 
+    def end_epoch(self):
+        """Close an epoch-long window: the user's ``end_epoch()``, on every backend."""
+        window_steps = self.accordion.window_steps
+        if window_steps is not None:
+            raise RuntimeError(f"this exchange closes its windows every {window_steps} steps by itself; "
+                               f"end_epoch() is for window_steps=None")
+        if self.started:
+            # A check would switch levels under buckets whose later phases are still to run.
+            raise RuntimeError("end_epoch() was called between backward and the optimizer step, while this "
+                               "step's gradients are being exchanged: call it after optimizer.step()")
+        self.end_window()
+
     def end_window(self):
         self.accordion.close_window(self.reducer, self.ops, self.accumulated, self.non_finite_counts)
 
@@ -89,11 +101,17 @@ class BucketedExchange:
         if set(saved["reducer"]) != set(shared):
             raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
                              f"one's {sorted(shared)}: it was saved with another compression")
-        self.accordion.load_state_dict(saved["schedule"])
-        self.ops.import_state(shared, saved["reducer"])
         mine = saved["per_rank"]
         if own is None:
             own = (mine["rank"], mine["size"]) == (self.ops.rank(), self.ops.size())
+        # Everything is checked before anything is loaded: a mismatch leaves this state as it was.
+        self.accordion.check_compatible(saved["schedule"])
+        _check_same_shapes(shared, saved["reducer"])
+        if own:
+            _check_same_shapes(dict(per_rank, accumulated=dict(enumerate(self.accumulated))),
+                               dict(mine["reducer"], accumulated=dict(enumerate(mine["accumulated"]))))
+        self.accordion.load_state_dict(saved["schedule"])
+        self.ops.import_state(shared, saved["reducer"])
         if own:
             self.ops.import_state(per_rank, mine["reducer"])
             for total, saved_total in zip(self.accumulated, mine["accumulated"]):
@@ -106,3 +124,17 @@ class BucketedExchange:
             f"rank to resume exactly.")
         for holder in [*(h for entries in per_rank.values() for h in entries.values()), *self.accumulated]:
             self.ops.zero(holder)
+
+
+def _check_same_shapes(groups, saved):
+    """Raise a ``ValueError`` naming the first state entry whose layers or shape differ from
+    the checkpoint's (a model or compression other than the one that saved it)."""
+    for group, entries in groups.items():
+        if set(saved[group]) != set(entries):
+            raise ValueError(f"the checkpoint's {group} covers layers {sorted(saved[group])}, this model's covers "
+                             f"{sorted(entries)}: it was saved from another model or compression")
+        for i, holder in entries.items():
+            ours, theirs = tuple(getattr(holder, "shape", ())), tuple(getattr(saved[group][i], "shape", ()))
+            if ours != theirs:
+                raise ValueError(f"the checkpoint's {group} of layer {i} has shape {theirs}, this model's has {ours}: "
+                                 f"it was saved from another model or compression")

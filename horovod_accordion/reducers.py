@@ -17,7 +17,7 @@ from horovod_accordion.compression import (clamped_rank, index_bytes, index_dtyp
 from horovod_accordion.compression import PowerSGD, TopK
 
 __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
-           "make_reducer", "split_state", "start_fused_allreduce_mean"]
+           "make_reducer", "query_stream", "split_state", "start_fused_allreduce_mean"]
 
 
 def make_reducer(compression, shapes, ops, plain_compressor):
@@ -46,6 +46,11 @@ def split_state(reducer):
 def initial_query(seed, layer, rows, columns):
     """The random Q of one layer, from numpy: identical on every rank and in every framework."""
     return np.random.RandomState((seed * 1_000_003 + layer) % 2 ** 32).standard_normal((rows, columns))
+
+
+def query_stream(seed, layer):
+    """The seed of one layer's later random Qs (``warm_start=False``), the same on every rank."""
+    return (seed * 1_000_003 + layer) % 2 ** 31
 
 
 def start_fused_allreduce_mean(ops, tensors, name, compression=None):
@@ -148,7 +153,7 @@ class DenseReducer(_Reducer):
         pass
 
     def phases(self, layers, grads, name):
-        pending = start_fused_allreduce_mean(self.ops, grads, f"accordion.dense{name}", self.compression)
+        pending = start_fused_allreduce_mean(self.ops, grads, f"dense{name}", self.compression)
         yield
         return dict(zip(layers, pending.wait()))
 
@@ -180,8 +185,12 @@ class PowerSGDReducer(_Reducer):
       signal is lost when the level changes.
     - ``q``: the warm-started Q, stored with ℓ_low's columns; rank r uses the first r.
       A switch down keeps the leading columns; a switch up finds the trailing ones where
-      it left them, so the warm start survives both ways. With ``warm_start=False`` Q is
-      never written back: every step projects on the initial random Q.
+      it left them, so the warm start survives both ways. With ``warm_start=False`` a new
+      random Q replaces it after every step, as torch's ``powerSGD_hook`` draws one: a fixed
+      Q would never send the part of M outside its span, and error feedback would let that
+      part grow.
+    - ``draws`` (``warm_start=False`` only): how many Qs each layer has drawn, so every rank
+      draws the same next one, and a restored run the one it would have drawn.
     - ``ranks``: each layer's current rank, a framework level holder (a tf.Variable in
       TensorFlow, so that a switch does not retrace the step).
 
@@ -198,13 +207,15 @@ class PowerSGDReducer(_Reducer):
         # Each tensor's n×m matrix in its framework's layout (``ops.matrix_shape``).
         self.matrices = {i: ops.matrix_shape(s) for i, s in enumerate(self.shapes) if is_matrix(s)}
         self.compressed = [i for i, nm in self.matrices.items() if powersgd_compresses(nm, config)]
-        self.memory, self.q, self.ranks = {}, {}, {}
+        self.memory, self.q, self.ranks, self.draws = {}, {}, {}, {}
         for i in self.compressed:
             n, m = self.matrices[i]
             width = clamped_rank(config.low_rank, self.matrices[i])
             self.memory[i] = ops.state(np.zeros((n, m)), f"powersgd_memory_{i}")
             self.q[i] = ops.state(initial_query(config.seed, i, m, width), f"powersgd_q_{i}")
             self.ranks[i] = ops.level(width, f"powersgd_rank_{i}")
+            if not config.warm_start:
+                self.draws[i] = ops.level(0, f"powersgd_draws_{i}")
         clamped = sorted({self.shapes[i] for i in self.compressed if clamped_rank(config.low_rank, self.matrices[i])
                           < config.low_rank})
         if clamped:
@@ -226,13 +237,13 @@ class PowerSGDReducer(_Reducer):
                 m = m + ops.read(self.memory[i])
             matrices.append(m)
             ps.append(ops.matmul(m, ops.leading_columns(self.q[i], self.ranks[i])))
-        pending = start_fused_allreduce_mean(ops, ps + [g for _, g in dense], f"accordion.powersgd.P{name}")
+        pending = start_fused_allreduce_mean(ops, ps + [g for _, g in dense], f"powersgd.P{name}")
         yield
         reduced = pending.wait()
         outputs = {i: value for (i, _), value in zip(dense, reduced[len(ps):])}
         ps = [ops.orthogonalize(p) for p in reduced[:len(ps)]]
         pending = start_fused_allreduce_mean(ops, [ops.matmul(ops.transpose(m), p) for m, p in zip(matrices, ps)],
-                                             f"accordion.powersgd.Q{name}")
+                                             f"powersgd.Q{name}")
         yield
         for (i, grad), m, p, q in zip(compressed, matrices, ps, pending.wait()):
             approximation = ops.matmul(p, ops.transpose(q))
@@ -240,11 +251,16 @@ class PowerSGDReducer(_Reducer):
                 ops.assign_if_finite(self.memory[i], m - approximation)
             if self.config.warm_start:
                 ops.assign_leading_columns(self.q[i], ops.finite_or(q, ops.leading_columns(self.q[i], self.ranks[i])))
+            else:
+                ops.assign(self.q[i], ops.random_normal(self.q[i], query_stream(self.config.seed, i), self.draws[i]))
             outputs[i] = ops.like(approximation, grad)
         return outputs
 
     def state(self):
-        return {"memory": self.memory, "q": self.q, "ranks": self.ranks}
+        groups = {"memory": self.memory, "q": self.q, "ranks": self.ranks}
+        if self.draws:
+            groups["draws"] = self.draws
+        return groups
 
 
 class TopKReducer(_Reducer):
@@ -312,10 +328,10 @@ class TopKReducer(_Reducer):
             dense.append(ops.cond(sparse, ops.empty_floats, lambda m=m, rest=rest: m - rest))
             sparsified.append((i, grad, m, k, rest, sparse))
         uncompressed = [(i, g) for i, g in zip(layers, grads) if i not in self.fractions]
-        averaging = start_fused_allreduce_mean(ops, dense + [g for _, g in uncompressed], f"accordion.topk.dense{name}")
+        averaging = start_fused_allreduce_mean(ops, dense + [g for _, g in uncompressed], f"topk.dense{name}")
         # At ℓ_low (TopK 99 %) every layer may go dense: then torch makes no empty allgather.
         any_sparse = payload and ops.any_flag([sparse for *_, sparse in sparsified])
-        gathering = ops.start_allgather(ops.concat(payload), f"accordion.topk{name}") if any_sparse else None
+        gathering = ops.start_allgather(ops.concat(payload), f"topk{name}") if any_sparse else None
         yield
         reduced = averaging.wait()
         gathered = gathering.wait() if gathering is not None else None

@@ -57,6 +57,13 @@ class TorchTensorOps:
     def leading_columns(self, q, rank):
         return q[:, :rank.value]
 
+    def random_normal(self, like, stream, counter):
+        """The ``counter``-th standard normal draw of ``stream``, shaped like ``like``: the same on
+        every rank and device (drawn on the CPU). Advances ``counter``."""
+        generator = torch.Generator().manual_seed(stream * 1_000_003 + counter.value)
+        counter.value += 1
+        return torch.randn(like.shape, generator=generator).to(like)
+
     def assign_leading_columns(self, q, value):
         q[:, :value.shape[1]].copy_(value)
 

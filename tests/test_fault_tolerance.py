@@ -36,6 +36,8 @@ def test_resume_in_a_new_job_is_bitwise_identical_to_an_uninterrupted_run(framew
         for variant, outcome in report.items():
             assert outcome["bitwise_equal"], f"rank {rank}, {variant}: {outcome}"
             assert outcome["checks"] >= 2, f"rank {rank}, {variant}: too few checks after the restart: {outcome}"
+            assert outcome["same_checks_as_uninterrupted"], f"rank {rank}, {variant}: the check history " \
+                                                            f"differs from the uninterrupted run's: {outcome}"
         assert report["batch"]["pending_micro_batches"] > 0, f"the checkpoint fell between large batches: {report}"
 
 

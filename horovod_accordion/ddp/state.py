@@ -130,11 +130,7 @@ class AccordionState:
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank."""
-        exchange = self._bound()
-        if exchange.accordion.window_steps is not None:
-            raise RuntimeError(f"this state closes its windows every {exchange.accordion.window_steps} "
-                               f"steps by itself; end_epoch() is for window_steps=None")
-        exchange.end_window()
+        self._bound().end_epoch()
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""

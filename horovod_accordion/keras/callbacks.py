@@ -21,10 +21,33 @@ def _with_keras2_backend(horovod_callback):
     return Keras2Callback
 
 
+def _with_momentum_check(horovod_callback):
+    """Horovod's momentum correction sets the optimizer's momentum variable each batch. The
+    tf_keras optimizers that are not ``legacy`` hold it as a Python float, baked into the
+    traced step, and Horovod failed on it with "'float' object has no attribute 'dtype'"."""
+    class LearningRateCallback(horovod_callback):
+        def on_train_begin(self, logs=None):
+            momentum = getattr(self.model.optimizer, "momentum", None)
+            if self.momentum_correction and isinstance(momentum, (int, float)):
+                if momentum:
+                    raise ValueError(
+                        f"{horovod_callback.__name__}'s momentum correction needs the momentum as a variable, "
+                        f"and {type(self.model.optimizer).__name__} holds it as the float {momentum}: use "
+                        f"tf_keras.optimizers.legacy.{type(self.model.optimizer).__name__}, or pass "
+                        f"momentum_correction=False")
+                self.momentum_correction = False  # no momentum: nothing to correct
+            super().on_train_begin(logs)
+
+    LearningRateCallback.__name__ = LearningRateCallback.__qualname__ = horovod_callback.__name__
+    LearningRateCallback.__doc__ = horovod_callback.__doc__
+    return LearningRateCallback
+
+
 BroadcastGlobalVariablesCallback = _with_keras2_backend(_horovod_callbacks.BroadcastGlobalVariablesCallback)
 MetricAverageCallback = _with_keras2_backend(_horovod_callbacks.MetricAverageCallback)
-LearningRateScheduleCallback = _with_keras2_backend(_horovod_callbacks.LearningRateScheduleCallback)
-LearningRateWarmupCallback = _with_keras2_backend(_horovod_callbacks.LearningRateWarmupCallback)
+LearningRateScheduleCallback = _with_momentum_check(
+    _with_keras2_backend(_horovod_callbacks.LearningRateScheduleCallback))
+LearningRateWarmupCallback = _with_momentum_check(_with_keras2_backend(_horovod_callbacks.LearningRateWarmupCallback))
 
 __all__ = ["AccordionCallback"]
 
@@ -52,6 +75,7 @@ class AccordionCallback(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self._optimizer or self.model.optimizer
+        optimizer._accordion_callback = self  # windows will close: no warning at the first step
         if getattr(optimizer, "_accordion_options", {}).get("batch_switch") is None:
             return
         # Batch switching counts every micro-batch, the first included: create the state now.

@@ -27,9 +27,10 @@ class _Done:
 
 
 class TensorFlowOps:
-    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0):
+    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, name_prefix="accordion"):
         self.process_set = process_set
         self.gradient_predivide_factor = gradient_predivide_factor
+        self.name_prefix = name_prefix  # Horovod matches collectives by name: see ``collective_prefix``
         self.bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="accordion_bytes_sent")
 
     # State that survives a step.
@@ -55,6 +56,14 @@ class TensorFlowOps:
 
     def leading_columns(self, q, rank):
         return q[:, :rank]
+
+    def random_normal(self, like, stream, counter):
+        """The ``counter``-th standard normal draw of ``stream``, shaped like ``like``, in the graph:
+        the same on every rank. Advances ``counter``."""
+        seed = tf.stack([tf.constant(stream, tf.int64), tf.cast(counter, tf.int64)])
+        value = tf.random.stateless_normal(tf.shape(like), seed=seed, dtype=like.dtype)
+        counter.assign_add(1)
+        return value
 
     def assign_leading_columns(self, q, value):
         q.assign(tf.concat([value, q[:, tf.shape(value)[1]:]], axis=1))
@@ -195,7 +204,7 @@ class TensorFlowOps:
         compression = compression or hvd.Compression.none
         wire, ctx = compression.compress(flat)
         self._count(wire)
-        reduced = hvd.allreduce(wire, name=name, op=hvd.Average,
+        reduced = hvd.allreduce(wire, name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                 prescale_factor=1.0 / self.gradient_predivide_factor,
                                 postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
         return _Done(compression.decompress(reduced, ctx))
@@ -203,7 +212,8 @@ class TensorFlowOps:
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len)."""
         self._count(flat)
-        return _Done(tf.reshape(hvd.allgather(flat, name=name, process_set=self.process_set), [self.size(), -1]))
+        gathered = hvd.allgather(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
+        return _Done(tf.reshape(gathered, [self.size(), -1]))
 
     def _count(self, tensor):
         self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)

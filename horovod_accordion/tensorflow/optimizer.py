@@ -6,6 +6,8 @@ averages the gradients in ``apply_gradients`` through an ``AccordionState``, cre
 on the first call, eagerly, once the variables are known.
 """
 
+import warnings
+
 import tensorflow as tf
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvd_keras
@@ -62,6 +64,8 @@ class _AccordionOptimizer:
         if self._accordion_state is None:
             with tf.init_scope():
                 self._accordion_state = AccordionState(variables, **self._accordion_options)
+            if getattr(self, "_accordion_callback", None) is None:
+                _warn_if_no_window_can_close(self._accordion_state)
             # A checkpoint of the optimizer (or of the model with it) then carries the state,
             # and a restore made before this first step is applied now (deferred restoration).
             self._track_trackable(self._accordion_state, name="accordion_state")
@@ -77,6 +81,7 @@ class _AccordionOptimizer:
             if not under_elastic():
                 with tf.init_scope():
                     self._accordion_state.broadcast_shared_state(process_set.ranks[0] if process_set.ranks else 0)
+        self._accordion_state.check_variables(variables)
         return self._accordion_state
 
     def save_own_variables(self, store):
@@ -97,6 +102,17 @@ class _AccordionOptimizer:
     def accordion_state(self):
         """The ``AccordionState``, or ``None`` before the first step."""
         return self._accordion_state
+
+
+def _warn_if_no_window_can_close(state):
+    """At the first step, rather than after the run: with no ``AccordionCallback`` in ``fit``
+    and no ``window_steps``, nothing closes a window unless the loop calls ``end_epoch()``."""
+    if state.adaptive and state.window_steps is None:
+        warnings.warn(
+            "this optimizer's first step runs without horovod_accordion.keras.AccordionCallback, and "
+            "window_steps is None: unless your loop calls optimizer.accordion_state.end_epoch() every epoch, "
+            "no detection window closes and every layer stays at ℓ_low. Add AccordionCallback() to fit()'s "
+            "callbacks, or pass window_steps=N", RuntimeWarning)
 
 
 def _stored_value(entry):

@@ -16,8 +16,8 @@ from horovod.tensorflow.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
-                                        exchange_signature, under_elastic)
-from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
+                                        collective_prefix, exchange_signature, under_elastic)
+from horovod_accordion.batch import MicroBatchCounter, switched_levels
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer, split_state
 from horovod_accordion.tensorflow.ops import TensorFlowOps
@@ -57,8 +57,6 @@ class AccordionState(tf.Module):
                  backward_passes_per_step=1, average_aggregated_gradients=False, name=None):
         super().__init__(name=name)
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, backward_passes_per_step)
-        if batch_switch is not None and backward_passes_per_step != 1:
-            raise ValueError("batch_switch accumulates micro-batches itself: leave backward_passes_per_step at 1")
         self.backward_passes_per_step = backward_passes_per_step
         variables = list(variables)
         names = [v.name for v in variables]
@@ -67,13 +65,11 @@ class AccordionState(tf.Module):
         self._op = op
         self._sparse_as_dense = sparse_as_dense
         self._shapes = shapes
-        self._ops = TensorFlowOps(process_set, gradient_predivide_factor)
+        self._ops = TensorFlowOps(process_set, gradient_predivide_factor, collective_prefix(names, self))
         self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
         self.batch_switch = batch_switch
+        levels = switched_levels(batch_switch, levels, backward_passes_per_step)
         if batch_switch is not None:
-            if not isinstance(batch_switch, BatchSwitch):
-                raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
-            levels = batch_switch.replace_levels(levels)
             per_layer = False  # one batch size for the whole model
         self._log = CommunicationLog()
         self._schedule = Accordion(
@@ -82,6 +78,7 @@ class AccordionState(tf.Module):
             check_norm=check_norm, verify_levels=verify_levels,
             describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
         self._signature = (names, variables, compression, process_set)
+        self._variables = variables
         if not under_elastic():
             self.check_same_variables_on_all_ranks()
         if process_set.rank() == 0:
@@ -111,6 +108,20 @@ class AccordionState(tf.Module):
             self.passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="backward_passes")
         self._synced_json = self._dump()
         self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
+
+    def check_variables(self, variables):
+        """Raise a ``ValueError`` unless ``variables`` are this state's, in its order: its error
+        feedback, Q and Δ are per position, so another list would mix one layer's into another's."""
+        variables = list(variables)
+        position = next((k for k, (a, b) in enumerate(zip(variables, self._variables)) if a is not b),
+                        None if len(variables) == len(self._variables) else min(len(variables), len(self._variables)))
+        if position is not None:
+            given = variables[position].name if position < len(variables) else "nothing"
+            expected = self._variables[position].name if position < len(self._variables) else "nothing"
+            raise ValueError(
+                f"the {len(variables)} variables given are not this AccordionState's {len(self._variables)}, in "
+                f"its order: at position {position}, {given} was given where it has {expected}. Pass the same "
+                f"variables, in the same order, as the state was created with.")
 
     def check_same_variables_on_all_ranks(self):
         """A collective: at construction, or under ``hvd.elastic`` at every state sync."""
@@ -144,6 +155,11 @@ class AccordionState(tf.Module):
             if hasattr(self, name):
                 shared[name] = getattr(self, name)
         return shared
+
+    @property
+    def adaptive(self):
+        """Whether the levels switch (ℓ_low ≠ ℓ_high), so that windows matter."""
+        return self._schedule.adaptive
 
     @property
     def window_steps(self):
@@ -264,7 +280,8 @@ class AccordionState(tf.Module):
 
     def stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
-        stats = self._log.as_dict()
+        with self._python_state():  # a restored checkpoint brings its check history
+            stats = self._log.as_dict()
         stats["levels"] = self.levels
         return stats
 

@@ -11,6 +11,7 @@ __all__ = ["DistributedGradientTape"]
 class _AccordionGradientTape(tf.GradientTape):
     def gradient(self, target, sources, output_gradients=None, unconnected_gradients=tf.UnconnectedGradients.NONE):
         sources = list(sources)
+        self._accordion.check_variables(sources)
         grads = super(self.__class__, self).gradient(target, sources, output_gradients, unconnected_gradients)
         return self._accordion.reduce(grads)
 

@@ -21,10 +21,12 @@ class _Pending:
 
 
 class TorchOps(TorchTensorOps):
-    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, device="cpu"):
+    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, device="cpu",
+                 name_prefix="accordion"):
         super().__init__(device)
         self.process_set = process_set
         self.gradient_predivide_factor = gradient_predivide_factor
+        self.name_prefix = name_prefix  # Horovod matches collectives by name: see ``collective_prefix``
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):
@@ -41,7 +43,7 @@ class TorchOps(TorchTensorOps):
         # Pre/post-scaling splits the average, as Horovod's optimizer does, so that fp16
         # sums of many workers do not overflow (horovod#1699).
         # In place, as Horovod's optimizer does: ``flat`` is ours to overwrite (``flat_concat``).
-        handle = hvd.allreduce_async_(wire, name=name, op=hvd.Average,
+        handle = hvd.allreduce_async_(wire, name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                       prescale_factor=1.0 / self.gradient_predivide_factor,
                                       postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
         return _Pending(handle, lambda reduced: compression.decompress(reduced, ctx))
@@ -49,5 +51,5 @@ class TorchOps(TorchTensorOps):
     def start_allgather(self, flat, name):
         """Start gathering every rank's 1-D ``flat``; ``wait()`` gives them as shape (size, len)."""
         self.bytes_sent += flat.numel() * flat.element_size()
-        handle = hvd.allgather_async(flat, name=name, process_set=self.process_set)
+        handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Pending(handle, lambda gathered: gathered.view(self.size(), -1))

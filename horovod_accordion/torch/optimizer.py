@@ -28,8 +28,8 @@ from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
-                                        exchange_signature, under_elastic)
-from horovod_accordion.batch import BatchSwitch, MicroBatchCounter
+                                        collective_prefix, exchange_signature, under_elastic)
+from horovod_accordion.batch import MicroBatchCounter, switched_levels
 from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
@@ -59,15 +59,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._ops = TorchOps(process_set, gradient_predivide_factor,
-                             device=self._params[0].device if self._params else "cpu")
+                             device=self._params[0].device if self._params else "cpu",
+                             name_prefix=collective_prefix(self._names, self))
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
         self._batch_switch = batch_switch
+        levels = switched_levels(batch_switch, levels, backward_passes_per_step)
         if batch_switch is not None:
-            if not isinstance(batch_switch, BatchSwitch):
-                raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
-            levels = batch_switch.replace_levels(levels)
             accordion_options["per_layer"] = False  # one batch size for the whole model
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
+        self._completes_large_batch = None  # this micro-batch's count, once synchronize() or step() took it
         self._lr_factor = 1.0
         log_path = accordion_options.pop("log_path")
         tensorboard_dir = accordion_options.pop("tensorboard_dir")
@@ -134,13 +134,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._observe_lr()  # this step's levels, before its first collective
         layers = self._buckets[bucket]
         grads = [self._dense_grad(self._params[layer]) for layer in layers]
-        pending = self._micro_batches.pending if self._micro_batches else 1
-        self._exchange.start(bucket, layers, grads, divisor=max(pending, 1))  # the mean over a large batch
+        held = self._micro_batches.held if self._micro_batches else 1
+        self._exchange.start(bucket, layers, grads, divisor=max(held, 1))  # the mean over a large batch
 
     def synchronize(self):
-        """Average the gradients over ranks, compressed at each layer's current level."""
+        """Average the gradients over ranks, compressed at each layer's current level.
+
+        With ``batch_switch``, it counts this micro-batch (``step()`` then does not count it
+        again) and communicates only when the micro-batch completes the large batch; before
+        that, the gradients stay local and the ``step()`` under ``skip_synchronize()`` that
+        follows is skipped, as ``step()`` alone would be."""
         if not self.process_set.included():
             self._synchronized = True
+            return
+        if self._micro_batches and not self._count_micro_batch():
             return
         for bucket in range(len(self._buckets)):
             if bucket not in self._exchange.started:
@@ -185,11 +192,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank."""
-        if self._accordion.window_steps is not None:
-            raise RuntimeError(
-                f"this optimizer closes its windows every {self._accordion.window_steps} steps by itself; "
-                f"end_epoch() is for window_steps=None")
-        self._exchange.end_window()
+        self._exchange.end_epoch()
 
     @property
     def micro_batches_per_step(self):
@@ -211,9 +214,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
+    def _count_micro_batch(self):
+        """Count this micro-batch once, whichever of ``synchronize()`` and ``step()`` comes
+        first; whether it completes the large batch."""
+        if self._completes_large_batch is None:
+            self._observe_lr()
+            self._completes_large_batch = self._micro_batches.add(self.micro_batches_per_step)
+        return self._completes_large_batch
+
     def step(self, closure=None):
         self._observe_lr()
-        if self._micro_batches and not self._micro_batches.add(self.micro_batches_per_step):
+        if self._micro_batches and not self._count_micro_batch():
+            self._completes_large_batch = None
             return None  # keep accumulating this large batch
         if self._should_synchronize:
             if self._synchronized:
@@ -221,6 +233,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "after optimizer.synchronize(); the gradients are averaged twice")
             self.synchronize()
         self._synchronized = False
+        self._completes_large_batch = None
         if self._batch_switch is None:
             return super(self.__class__, self).step(closure)
         return self._step_with_lr_factor(closure, self._lr_factor)
@@ -256,7 +269,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state["accordion"]["micro_batches"] = self._micro_batches.state_dict() if self._micro_batches else None
         state["accordion"]["per_rank"].update(
             owner=self._owner,
-            gradients=[None if p.grad is None else p.grad.clone() for p in self._params] if pending else None)
+            gradients=[None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
+            held=self._micro_batches.held if self._micro_batches else None)
         return state
 
     def load_state_dict(self, state_dict):
@@ -270,6 +284,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if accordion_state is not None:
             self._load_accordion_state(accordion_state)
         self._synchronized = False
+        self._completes_large_batch = None
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
 
     def _load_accordion_state(self, saved):
@@ -280,7 +295,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         own = mine.get("owner") == self._owner or (mine["rank"], mine["size"]) == (self._ops.rank(), self._ops.size())
         self._exchange.load_state_dict(saved, own)
         if self._micro_batches:
-            self._micro_batches.load_state_dict(saved["micro_batches"])
+            # A rank that takes another's count without its gradients divides by what it holds.
+            self._micro_batches.load_state_dict(saved["micro_batches"], held=mine.get("held") if own else 0)
         if own and mine["gradients"] is not None:
             for p, grad in zip(self._params, mine["gradients"]):
                 p.grad = None if grad is None else grad.to(p.device)
@@ -336,9 +352,17 @@ def _parameter_names(param_groups, named_parameters):
         raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
                          f"{', '.join(duplicates)}")
     by_parameter = {p: name for name, p in named_parameters}
-    unnamed = [p for group in param_groups for p in group["params"] if p not in by_parameter]
+    unnamed = [f"param_groups[{i}]['params'][{j}] of shape {tuple(p.shape)}"
+               for i, group in enumerate(param_groups) for j, p in enumerate(group["params"]) if p not in by_parameter]
     if unnamed:
-        raise ValueError(f"named_parameters was specified, but {len(unnamed)} model parameters were not named")
+        raise ValueError(f"named_parameters was specified, but {len(unnamed)} model parameters were not named: "
+                         f"{', '.join(unnamed[:5])}{', ...' if len(unnamed) > 5 else ''}")
+    held = {p for group in param_groups for p in group["params"]}
+    foreign = [name for name, p in named_parameters if p not in held]
+    if foreign:
+        # Horovod ignores them; say so, since a parameter left out of the optimizer never trains.
+        warnings.warn(f"named_parameters names {len(foreign)} parameter(s) this optimizer does not hold, which "
+                      f"it ignores: {', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}", UserWarning)
     return by_parameter
 
 

@@ -64,6 +64,14 @@ def full(directory):
         for step in range(start, start + MORE_STEPS):
             train_step(model, optimizer, step)
         torch.save(model.state_dict(), os.path.join(directory, f"{name}.full.rank{hvd.rank()}.pt"))
+        with open(os.path.join(directory, f"{name}.checks.rank{hvd.rank()}.json"), "w") as stream:
+            json.dump(optimizer.accordion_stats()["checks"], stream)
+
+
+def same_checks(directory, name, checks):
+    """Whether the resumed run's check history is the uninterrupted run's, before the restart included."""
+    with open(os.path.join(directory, f"{name}.checks.rank{hvd.rank()}.json")) as stream:
+        return json.loads(json.dumps(checks)) == json.load(stream)
 
 
 def resume(directory):
@@ -79,6 +87,8 @@ def resume(directory):
         report[name] = {"stopped_at_step": saved["step"],
                         "pending_micro_batches": (saved["optimizer"]["accordion"]["micro_batches"] or {}).get("pending"),
                         "checks": len(optimizer.accordion_stats()["checks"]),
+                        "same_checks_as_uninterrupted": same_checks(directory, name,
+                                                                    optimizer.accordion_stats()["checks"]),
                         "bitwise_equal": all(torch.equal(p, uninterrupted[k]) for k, p in model.state_dict().items())}
     with open(os.path.join(directory, f"resume.rank{hvd.rank()}.json"), "w") as stream:
         json.dump(report, stream)

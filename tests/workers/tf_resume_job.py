@@ -70,9 +70,17 @@ def restart_epoch(name, pending):
 
 def full(directory):
     for name, options in VARIANTS.items():
-        model, _ = build(options)
+        model, optimizer = build(options)
         fit(model, 0, EPOCHS, [CheckpointEveryEpoch(os.path.join(directory, f"{name}.rank{hvd.rank()}"))])
         np.savez(os.path.join(directory, f"{name}.full.rank{hvd.rank()}.npz"), *model.get_weights())
+        with open(os.path.join(directory, f"{name}.checks.rank{hvd.rank()}.json"), "w") as stream:
+            json.dump(optimizer.accordion_state.stats()["checks"], stream)
+
+
+def same_checks(directory, name, checks):
+    """Whether the resumed run's check history is the uninterrupted run's, before the restart included."""
+    with open(os.path.join(directory, f"{name}.checks.rank{hvd.rank()}.json")) as stream:
+        return json.loads(json.dumps(checks)) == json.load(stream)
 
 
 def resume(directory):
@@ -90,7 +98,8 @@ def resume(directory):
             uninterrupted = [saved[f"arr_{k}"] for k in range(len(saved.files))]
         report[name] = {"restart_epoch": start, "pending_micro_batches": pending[start - 1],
                         "bitwise_equal": all(np.array_equal(a, b) for a, b in zip(model.get_weights(), uninterrupted)),
-                        "checks": len(state.stats()["checks"]), "steps": state._schedule.step}
+                        "checks": len(state.stats()["checks"]), "steps": state._schedule.step,
+                        "same_checks_as_uninterrupted": same_checks(directory, name, state.stats()["checks"])}
     report["rank0_only"] = resume_from_rank_zero(directory)
     with open(os.path.join(directory, f"resume.rank{hvd.rank()}.json"), "w") as stream:
         json.dump(report, stream)
