@@ -5,8 +5,8 @@ import hashlib
 import os
 import weakref
 
-__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_on_all_ranks", "collective_prefix",
-           "exchange_signature", "under_elastic"]
+__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_exchange_on_all_ranks",
+           "check_same_on_all_ranks", "collective_prefix", "exchange_signature", "under_elastic"]
 
 _prefixes_in_use = weakref.WeakValueDictionary()
 
@@ -63,6 +63,13 @@ def exchange_signature(names, shapes, dtypes, compression):
     return {"parameters": [(name, tuple(int(d) for d in shape), str(dtype))
                            for name, shape, dtype in zip(names, shapes, dtypes)],
             "compression": repr(compression)}
+
+
+def check_same_exchange_on_all_ranks(ops, names, shapes, dtypes, compression):
+    """A collective, through ``ops``' ``broadcast_object`` and ``sum_over_ranks``: every rank
+    must exchange the same tensors, in the same order, with the same compression."""
+    check_same_on_all_ranks(exchange_signature(names, shapes, [str(d) for d in dtypes], compression), ops.rank(),
+                            ops.broadcast_object, ops.sum_over_ranks)
 
 
 def check_same_on_all_ranks(local, rank, broadcast_from_root, sum_over_ranks):

@@ -51,3 +51,16 @@ class DistributedOps(TorchTensorOps):
         gathered = [torch.empty_like(flat) for _ in range(self.size())]
         work = dist.all_gather(gathered, flat, group=self.process_group, async_op=True)
         return _Pending(work, lambda: torch.stack(gathered))
+
+    # The cross-rank checks, blocking.
+    def broadcast_object(self, value):
+        """The first rank of the process group's ``value``, on every rank."""
+        holder = [value]
+        root = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        dist.broadcast_object_list(holder, src=root, group=self.process_group)
+        return holder[0]
+
+    def sum_over_ranks(self, count):
+        total = torch.tensor([count], dtype=torch.int64, device=self.device)
+        dist.all_reduce(total, group=self.process_group)
+        return int(total.item())

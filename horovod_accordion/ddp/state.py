@@ -19,10 +19,9 @@ Gloo no two threads issue collectives at once.
 import weakref
 
 import torch
-import torch.distributed as dist
 
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import check_real_floating, check_same_on_all_ranks, exchange_signature
+from horovod_accordion.arguments import check_real_floating, check_same_exchange_on_all_ranks
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.ddp.ops import DistributedOps
 from horovod_accordion.exchange import BucketedExchange
@@ -107,7 +106,8 @@ class AccordionState:
         self._names = names
         self._optimizer = optimizer
         self._ops = DistributedOps(self.process_group, params[0].device if params else "cpu")
-        _check_same_on_all_ranks(self._ops, names, params, self.compression)
+        check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
+                                         self.compression)
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, None)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
         log = log or CommunicationLog(path=self.log_path if self._ops.rank() == 0 else None)
@@ -205,20 +205,3 @@ class AccordionState:
 def accordion_hook(state, bucket):
     """The DDP communication hook: ``model.register_comm_hook(state, accordion_hook)``."""
     return state._on_bucket(bucket)
-
-
-def _check_same_on_all_ranks(ops, names, params, compression):
-    signature = exchange_signature(names, [p.shape for p in params], [p.dtype for p in params], compression)
-
-    def broadcast_from_root(local):
-        holder = [local]
-        dist.broadcast_object_list(holder, src=dist.get_global_rank(ops.process_group, 0)
-                                   if ops.process_group is not None else 0, group=ops.process_group)
-        return holder[0]
-
-    def sum_over_ranks(flag):
-        total = torch.tensor([flag], dtype=torch.int64, device=ops.device)
-        dist.all_reduce(total, group=ops.process_group)
-        return int(total.item())
-
-    check_same_on_all_ranks(signature, ops.rank(), broadcast_from_root, sum_over_ranks)

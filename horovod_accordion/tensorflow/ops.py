@@ -215,6 +215,18 @@ class TensorFlowOps:
         gathered = hvd.allgather(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Done(tf.reshape(gathered, [self.size(), -1]))
 
+    # The cross-rank checks, eager. Their names are fixed, not this exchange's prefix: they run
+    # where the ranks may disagree on the layer names that the prefix is made of.
+    def broadcast_object(self, value):
+        """The first rank of the process set's ``value``, on every rank."""
+        root = self.process_set.ranks[0] if self.process_set.ranks else 0
+        return hvd.broadcast_object(value, root_rank=root, process_set=self.process_set, name="accordion.signature")
+
+    def sum_over_ranks(self, count):
+        total = hvd.allreduce(tf.constant([count]), op=hvd.Sum, name="accordion.signature.check",
+                              process_set=self.process_set)
+        return int(total.numpy()[0])
+
     def _count(self, tensor):
         self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)
 

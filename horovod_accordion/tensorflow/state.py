@@ -15,8 +15,8 @@ import horovod.tensorflow as hvd
 from horovod.tensorflow.compression import Compressor
 
 from horovod_accordion.accordion import Accordion
-from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
-                                        collective_prefix, exchange_signature, under_elastic)
+from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
+                                        check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
 from horovod_accordion.batch import MicroBatchCounter, switched_levels
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer, split_state
@@ -77,7 +77,7 @@ class AccordionState(tf.Module):
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
             check_norm=check_norm, verify_levels=verify_levels,
             describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
-        self._signature = (names, variables, compression, process_set)
+        self._compression = compression
         self._variables = variables
         if not under_elastic():
             self.check_same_variables_on_all_ranks()
@@ -125,7 +125,8 @@ class AccordionState(tf.Module):
 
     def check_same_variables_on_all_ranks(self):
         """A collective: at construction, or under ``hvd.elastic`` at every state sync."""
-        _check_same_variables_on_all_ranks(*self._signature)
+        check_same_exchange_on_all_ranks(self._ops, self._schedule.layer_names, self._shapes,
+                                         [v.dtype.name for v in self._variables], self._compression)
 
     def snapshot(self):
         """Every variable's value, for an in-memory commit (``hvd.elastic``)."""
@@ -324,14 +325,3 @@ class _MirroredPythonState:
         if current != self.state._synced_json:
             self.state.schedule_json.assign(current)
             self.state._synced_json = current
-
-
-def _check_same_variables_on_all_ranks(names, variables, compression, process_set):
-    root = process_set.ranks[0] if process_set.ranks else 0
-    check_same_on_all_ranks(
-        exchange_signature(names, [v.shape for v in variables], [v.dtype.name for v in variables], compression),
-        process_set.rank(),
-        lambda local: hvd.broadcast_object(local, root_rank=root, process_set=process_set,
-                                           name="accordion.signature"),
-        lambda flag: int(hvd.allreduce(tf.constant([flag]), op=hvd.Sum, name="accordion.signature.check",
-                                       process_set=process_set).numpy()[0]))

@@ -2,6 +2,7 @@
 collectives on top of the shared torch tensor maths (``horovod_accordion.torch_tensors``).
 """
 
+import torch
 import horovod.torch as hvd
 
 from horovod_accordion.torch.compression import NoneCompressor
@@ -53,3 +54,15 @@ class TorchOps(TorchTensorOps):
         self.bytes_sent += flat.numel() * flat.element_size()
         handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Pending(handle, lambda gathered: gathered.view(self.size(), -1))
+
+    # The cross-rank checks. Their names are fixed, not this exchange's prefix: they run where
+    # the ranks may disagree on the layer names that the prefix is made of.
+    def broadcast_object(self, value):
+        """The first rank of the process set's ``value``, on every rank."""
+        root = self.process_set.ranks[0] if self.process_set.ranks else 0
+        return hvd.broadcast_object(value, root_rank=root, process_set=self.process_set, name="accordion.signature")
+
+    def sum_over_ranks(self, count):
+        total = hvd.allreduce(torch.tensor([count]), op=hvd.Sum, name="accordion.signature.check",
+                              process_set=self.process_set)
+        return int(total.item())

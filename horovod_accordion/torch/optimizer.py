@@ -27,8 +27,8 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating, check_same_on_all_ranks,
-                                        collective_prefix, exchange_signature, under_elastic)
+from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
+                                        check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
 from horovod_accordion.batch import MicroBatchCounter, switched_levels
 from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.exchange import BucketedExchange
@@ -98,7 +98,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.register_post_accumulate_grad_hook(functools.partial(_on_gradient_accumulated, this, layer))
         # Tells this process's own saved state (an elastic commit) from another rank's file.
         self._owner = uuid.uuid4().hex
-        self._signature = (compression, process_set)
+        self._compression = compression
         if not under_elastic():
             self.check_same_parameters_on_all_ranks()
 
@@ -106,7 +106,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """A collective. Run at construction, or under ``hvd.elastic`` at every state sync:
         there a worker that joins builds its optimizer while the others train, and must
         not enter a collective they do not."""
-        _check_same_parameters_on_all_ranks(self._names, self._params, *self._signature)
+        check_same_exchange_on_all_ranks(self._ops, self._names, [p.shape for p in self._params],
+                                         [p.dtype for p in self._params], self._compression)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -364,20 +365,6 @@ def _parameter_names(param_groups, named_parameters):
         warnings.warn(f"named_parameters names {len(foreign)} parameter(s) this optimizer does not hold, which "
                       f"it ignores: {', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}", UserWarning)
     return by_parameter
-
-
-def _check_same_parameters_on_all_ranks(names, params, compression, process_set):
-    """Every rank must list the same parameters in the same order; otherwise every rank
-    fails here, the odd one with the first difference, rather than hang or exchange
-    misaligned buffers."""
-    root = process_set.ranks[0] if process_set.ranks else 0
-    check_same_on_all_ranks(
-        exchange_signature(names, [p.shape for p in params], [str(p.dtype) for p in params], compression),
-        process_set.rank(),
-        lambda local: hvd.broadcast_object(local, root_rank=root, process_set=process_set,
-                                           name="accordion.signature"),
-        lambda flag: int(hvd.allreduce(torch.tensor([flag]), op=hvd.Sum, name="accordion.signature.check",
-                                       process_set=process_set).item()))
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,

@@ -63,7 +63,7 @@ def check_batch_switch_with_an_explicit_synchronize_trains_as_step_alone():
         assert 2 in micro_batches, f"the large batch never came: {micro_batches}"
         assert min(micro_batches) >= 1, f"a step of no micro-batch: {micro_batches}"
         runs[explicit] = (model, moved)
-    (alone, moved_alone), (explicit, moved_explicit) = runs[False], runs[True]
+    (alone, _), (explicit, moved_explicit) = runs[False], runs[True]
     assert moved_explicit > 0, "no training over micro-batches 16-23 with an explicit synchronize()"
     for (name, a), b in zip(alone.named_parameters(), explicit.parameters()):
         assert torch.equal(a, b), f"{name}: explicit synchronize() trains otherwise than step() alone"
