@@ -89,7 +89,7 @@ def main():
                    for name, t in times.items()}
         for name, (_, state, _) in built.items():
             if state is not None:
-                results[name]["bytes_per_step"] = state.stats()["bytes_per_step"][-1]
+                results[name]["bytes_per_step"] = state.accordion_stats()["bytes_per_step"][-1]
         with open(args.out, "w") as stream:
             json.dump({"command": args.command or " ".join([sys.executable] + sys.argv),
                        "model": "keras resnet50 (32x32x3, 10 classes)", "batch_per_rank": BATCH,

@@ -64,7 +64,7 @@ def main():
                 show(bar, logs["loss"])
                 bar.write(f"[rank {hvd.rank()}] epoch {epoch}: loss {logs['loss']:.4f}")
                 return
-            show(bar, logs["loss"], state().stats()["total_bytes_sent"], state().levels)
+            show(bar, logs["loss"], state().accordion_stats()["total_bytes_sent"], state().levels)
             if hvd.rank() == 0:
                 levels = "  ".join(f"{name.split('/')[-2]}={level:g}"  # biases are never compressed
                                    for name, level in state().levels.items() if "kernel" in name)
@@ -82,7 +82,7 @@ def main():
     bar.close()
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if hvd.rank() == 0:
-        traffic = "" if state() is None else f"; bytes sent per rank {state().stats()['total_bytes_sent']}"
+        traffic = "" if state() is None else f"; bytes sent per rank {state().accordion_stats()['total_bytes_sent']}"
         print(f"[rank 0] test accuracy {accuracy:.3f}{traffic}", flush=True)
 
 

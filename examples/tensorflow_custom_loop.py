@@ -61,11 +61,11 @@ def main():
         losses = [float(train_step(x, y)) for x, y in dataset]
         accordion.end_epoch()
         levels = " ".join(str(level) for level in accordion.levels.values())
-        show(bar, sum(losses) / len(losses), accordion.stats()["total_bytes_sent"], accordion.levels)
+        show(bar, sum(losses) / len(losses), accordion.accordion_stats()["total_bytes_sent"], accordion.levels)
         bar.write(f"[rank {hvd.rank()}] epoch {epoch}: loss {sum(losses) / len(losses):.4f}  "
                   f"PowerSGD rank per variable: {levels}")
     accuracy = float(tf.reduce_mean(tf.cast(tf.argmax(model(x_test), 1) == y_test, tf.float32)))
-    stats = accordion.stats()
+    stats = accordion.accordion_stats()
     print(f"[rank {hvd.rank()}] test accuracy {accuracy:.3f}; traced {traces} time(s); "
           f"bytes sent {stats['total_bytes_sent']}", flush=True)
 

@@ -13,7 +13,11 @@ from horovod_accordion.detector import RegimeDetector
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import fused_allreduce_mean
 
-__all__ = ["Accordion", "warn_if_no_window_closed"]
+__all__ = ["Accordion", "NO_WINDOW_WARNING_STEPS", "warn_if_no_window_closed"]
+
+# Longer than any epoch of a data-parallel job (ImageNet-1k on 8 ranks of 32 is 5,000 steps):
+# with no window closed by then, nothing calls end_epoch().
+NO_WINDOW_WARNING_STEPS = 50_000
 
 
 class Accordion:
@@ -83,6 +87,8 @@ class Accordion:
         """Count one optimizer step. Returns ``True`` when a step-based window is complete."""
         self.step += 1
         self.micro_batches_accumulated += micro_batches
+        if self.step == NO_WINDOW_WARNING_STEPS and self.window_steps is None:
+            warn_if_no_window_closed(self, "end_epoch() on the optimizer or the DDP state")
         return self.window_steps is not None and self.step % self.window_steps == 0
 
     @property
@@ -216,7 +222,7 @@ class Accordion:
 def warn_if_no_window_closed(accordion, closer):
     """At exit (or when the adapter is collected): the misuse is certain only once training is
     over. ``closer`` is the call that closes a window, as the user writes it."""
-    if accordion.step > 0 and accordion.detector.windows_seen == 0:
+    if accordion.adaptive and accordion.step > 0 and accordion.detector.windows_seen == 0:
         warnings.warn(
             f"Accordion ran {accordion.step} steps and never closed a detection window, so every layer "
             f"stayed at ℓ_low ({accordion.low}): call {closer} at the end of every epoch, or "

@@ -21,6 +21,14 @@ class CommunicationLog:
         self.steps_extra = []
         self.checks = []
 
+    @classmethod
+    def on_rank(cls, rank, path=None, tensorboard_dir=None, writer=None):
+        """The log of one rank. Decisions are identical on every rank, so rank 0 alone writes
+        the JSONL file and the scalars, through ``writer(tensorboard_dir)``."""
+        if rank != 0:
+            return cls()
+        return cls(path, None if tensorboard_dir is None else writer(tensorboard_dir))
+
     def record_step(self, step, bytes_sent, **extra):
         self.bytes_per_step.append(int(bytes_sent))
         self.steps_extra.append(extra)

@@ -10,9 +10,15 @@ import torch
 
 from horovod_accordion.compression import kept_count, matrix_shape
 
-__all__ = ["Level", "TorchTensorOps"]
+__all__ = ["Level", "TorchTensorOps", "summary_writer"]
 
 _WIRE_DTYPES = {torch.bfloat16: torch.float32}
+
+
+def summary_writer(logdir):
+    """torch's TensorBoard writer (it needs the ``tensorboard`` package), imported only when asked for."""
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(logdir)
 
 
 class Level:

@@ -27,6 +27,7 @@ from horovod_accordion.ddp.ops import DistributedOps
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import DenseReducer, make_reducer
+from horovod_accordion.torch_tensors import summary_writer
 
 __all__ = ["AccordionState", "accordion_hook"]
 
@@ -48,7 +49,7 @@ class AccordionState:
             each step's first bucket, for the learning-rate decay rule. ``None``: call
             ``observe_lr(lr)`` yourself, or the rule never fires.
         eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm,
-        verify_levels, log_path: as in ``horovod_accordion.torch.DistributedOptimizer``.
+        verify_levels, log_path, tensorboard_dir: as in ``horovod_accordion.torch.DistributedOptimizer``.
             Windows are epochs closed by ``end_epoch()``, or ``window_steps`` steps.
         Buckets are DDP's own: ``bucket_cap_mb`` on ``DistributedDataParallel`` sizes them.
         start_iter: the first ``start_iter`` steps are a plain allreduce of every bucket, as
@@ -72,7 +73,7 @@ class AccordionState:
 
     def __init__(self, model, process_group=None, compression=PowerSGD(2, 1), optimizer=None, *, eta=0.5,
                  interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1,
-                 check_norm="local", verify_levels=None, log_path=None, start_iter=0):
+                 check_norm="local", verify_levels=None, log_path=None, tensorboard_dir=None, start_iter=0):
         if not isinstance(compression, (PowerSGD, TopK)):
             raise ValueError(f"compression must be PowerSGD(low_rank, high_rank) or TopK(low_fraction, "
                              f"high_fraction), got {compression!r}; for a plain allreduce, register no hook")
@@ -85,7 +86,7 @@ class AccordionState:
         self._schedule_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                                       lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
                                       check_norm=check_norm, verify_levels=verify_levels)
-        self.log_path = log_path
+        self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
         self._exchange = None
         self._saved = None  # what an unpickled state restores once bound
         self.bind(model, optimizer)
@@ -110,7 +111,7 @@ class AccordionState:
                                          self.compression)
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, None)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
-        log = log or CommunicationLog(path=self.log_path if self._ops.rank() == 0 else None)
+        log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
         accordion = Accordion(names, levels, log=log, **self._schedule_options)
         self._exchange = BucketedExchange(accordion, reducer, self._ops, params)
         self._waiting = []  # (future, bucket buffer, layers, gradient views) of the step in progress
@@ -150,11 +151,11 @@ class AccordionState:
 
     def __getstate__(self):
         """Everything but the process group, the model and the optimizer, as ``PowerSGDState``."""
-        kept = ("compression", "start_iter", "iter", "_schedule_options", "log_path")
+        kept = ("compression", "start_iter", "iter", "_schedule_options", "log_path", "tensorboard_dir")
         return dict({k: self.__dict__[k] for k in kept}, _saved=self.state_dict())
 
     def __setstate__(self, state):
-        self.__dict__.update(state)
+        self.__dict__.update(dict({"tensorboard_dir": None}, **state))  # pickled before it had one
         self.process_group = None
         self._exchange = None
 

@@ -6,7 +6,8 @@ from horovod.tensorflow import *  # noqa: F401,F403 - the one-import-line drop-i
 from horovod.tensorflow import init, rank, size, local_rank, Average, Sum  # noqa: F401
 
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401
-from horovod_accordion.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from horovod_accordion.tensorflow.optimizer import (  # noqa: F401 - horovod.tensorflow's signature
+    tensorflow_distributed_optimizer as DistributedOptimizer)
 from horovod_accordion.tensorflow.state import AccordionState  # noqa: F401
 from horovod_accordion.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from horovod_accordion.batch import BatchSwitch  # noqa: F401

@@ -16,7 +16,7 @@ from horovod_accordion.arguments import under_elastic
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.tensorflow.state import AccordionState
 
-__all__ = ["DistributedOptimizer", "load_model"]
+__all__ = ["DistributedOptimizer", "load_model", "tensorflow_distributed_optimizer"]
 
 
 class _AccordionOptimizer:
@@ -188,6 +188,39 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     wrapped._accordion_options = options
     wrapped._accordion_state = None
     return wrapped
+
+
+def tensorflow_distributed_optimizer(optimizer, name=None, use_locking=False, device_dense='', device_sparse='',
+                                     compression=hvd.Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                                     op=hvd.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                                     num_groups=0, groups=None, process_set=hvd.global_process_set,
+                                     scale_local_gradients=True, **accordion_options):
+    """``horovod.tensorflow.DistributedOptimizer``, with its arguments and defaults, exported as
+    ``horovod_accordion.tensorflow.DistributedOptimizer``: a tf_keras optimizer gets
+    :func:`DistributedOptimizer` (Accordion's keyword arguments included), and a
+    ``tf.compat.v1.train.Optimizer`` gets Horovod's own, whose compressors are the plain ones:
+    PowerSGD and TopK keep state across steps, which Accordion keeps in the tape
+    (``DistributedGradientTape(accordion=...)``) or in a tf_keras optimizer.
+    ``use_locking`` is passed to Horovod's v1 optimizer; Keras optimizers have no such option."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if isinstance(compression, (PowerSGD, TopK)) or accordion_options:
+            raise ValueError(
+                f"a tf.compat.v1 optimizer takes Horovod's plain compressions only (none, fp16), without "
+                f"Accordion's options{' ' + str(sorted(accordion_options)) if accordion_options else ''}: for "
+                f"PowerSGD, TopK or Accordion, use a tf_keras optimizer or DistributedGradientTape(accordion=...)")
+        return hvd.DistributedOptimizer(
+            optimizer, name=name, use_locking=use_locking, device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, sparse_as_dense=sparse_as_dense,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
+            process_set=process_set, scale_local_gradients=scale_local_gradients)
+    return DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups, groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+        **accordion_options)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=hvd.Compression.none,

@@ -279,12 +279,15 @@ class AccordionState(tf.Module):
         if logdir is not None and self._ops.process_set.rank() == 0:
             self._log.scalars = SummaryScalars(logdir)
 
-    def stats(self):
-        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
+    def accordion_stats(self):
+        """Bytes sent per step, every check's levels, ratios and norms, and the levels now: the
+        same method as the torch optimizer's and the DDP state's."""
         with self._python_state():  # a restored checkpoint brings its check history
             stats = self._log.as_dict()
         stats["levels"] = self.levels
         return stats
+
+    stats = accordion_stats  # its first name, kept for the code that uses it
 
     def _python_state(self):
         return _MirroredPythonState(self)

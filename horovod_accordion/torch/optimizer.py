@@ -36,6 +36,7 @@ from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
+from horovod_accordion.torch_tensors import summary_writer
 
 __all__ = ["AccordionOptimizer", "DistributedOptimizer", "broadcast_optimizer_state"]
 
@@ -69,19 +70,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
         self._completes_large_batch = None  # this micro-batch's count, once synchronize() or step() took it
         self._lr_factor = 1.0
-        log_path = accordion_options.pop("log_path")
-        tensorboard_dir = accordion_options.pop("tensorboard_dir")
-        log = CommunicationLog()
+        log = CommunicationLog.on_rank(process_set.rank(), accordion_options.pop("log_path"),
+                                       accordion_options.pop("tensorboard_dir"), summary_writer)
         # describe must not hold the optimizer: the exit warning below keeps the Accordion alive.
         describe = None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size())
         self._accordion = Accordion(self._names, levels, log=log, describe=describe,
                                     **accordion_options)
-        # Decisions are identical on every rank, so one file from rank 0 is the whole record.
-        if process_set.rank() == 0:
-            log.path = log_path
-            if tensorboard_dir is not None:
-                from torch.utils.tensorboard import SummaryWriter
-                log.scalars = SummaryWriter(tensorboard_dir)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
         if self._accordion.adaptive and self._accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
@@ -139,17 +133,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._exchange.start(bucket, layers, grads, divisor=max(held, 1))  # the mean over a large batch
 
     def synchronize(self):
-        """Average the gradients over ranks, compressed at each layer's current level.
+        """Average the gradients over ranks, compressed at each layer's current level. Returns
+        whether it did: always, except with ``batch_switch``.
 
-        With ``batch_switch``, it counts this micro-batch (``step()`` then does not count it
-        again) and communicates only when the micro-batch completes the large batch; before
-        that, the gradients stay local and the ``step()`` under ``skip_synchronize()`` that
-        follows is skipped, as ``step()`` alone would be."""
+        With ``batch_switch``, it counts this micro-batch (the ``step()`` that may follow does
+        not count it again) and communicates only when the micro-batch completes the large
+        batch. Before that, it returns ``False``: the gradients stay local and add up, and a
+        ``step()`` under ``skip_synchronize()`` is skipped, as ``step()`` alone would be. Unscale
+        or clip only when it returns ``True``."""
         if not self.process_set.included():
             self._synchronized = True
-            return
+            return True
         if self._micro_batches and not self._count_micro_batch():
-            return
+            return False
         for bucket in range(len(self._buckets)):
             if bucket not in self._exchange.started:
                 self._start_bucket(bucket)
@@ -170,6 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._lr_factor = record.get("lr_factor", 1.0)
         self._exchange.end_step(micro_batches, record)
         self._synchronized = True
+        return True
 
     def _observe_lr(self):
         """Idempotent: called per micro-batch in batch mode, so a decay switches to the
@@ -200,11 +197,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """How many micro-batches (``step()`` calls) make one communication now."""
         return self._accordion.levels[0] if self._batch_switch is not None else 1
 
+    @property
+    def levels(self):
+        """Each parameter's level now (a PowerSGD rank, a TopK fraction, or micro-batches per step), by name."""
+        return dict(zip(self._names, self._accordion.levels))
+
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
-        stats = self._accordion.log.as_dict()
-        stats["levels"] = dict(zip(self._names, self._accordion.levels))
-        return stats
+        return dict(self._accordion.log.as_dict(), levels=self.levels)
 
     @contextmanager
     def skip_synchronize(self):
@@ -256,6 +256,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+        self._completes_large_batch = None  # a new micro-batch, even where no step() followed synchronize()
         if self._micro_batches and self._micro_batches.pending > 0:
             return  # mid-way through a large batch: the micro-batch gradients must add up
         super(self.__class__, self).zero_grad(set_to_none)
@@ -324,12 +325,52 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     if hvd.rank() == root_rank:
         shared = optimizer.state_dict()
         shared["accordion"] = dict(shared["accordion"], per_rank=None)
-    shared = hvd.broadcast_object(shared, root_rank=root_rank, name="accordion.optimizer_state",
-                                  process_set=process_set)
+    shared = _broadcast_state(shared, root_rank, process_set, optimizer._ops.device)
     own = optimizer.state_dict()["accordion"]["per_rank"]
     shared["accordion"]["per_rank"] = own
     optimizer.load_state_dict(shared)
     return None
+
+
+class _TensorSlot:
+    """Where a broadcast state had a tensor: its shape and dtype."""
+
+    def __init__(self, tensor):
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+
+
+def _map_leaves(value, leaf_type, function):
+    """``value`` with every ``leaf_type`` inside its dicts, lists and tuples replaced by ``function(leaf)``."""
+    if isinstance(value, leaf_type):
+        return function(value)
+    if isinstance(value, dict):
+        return {key: _map_leaves(item, leaf_type, function) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_leaves(item, leaf_type, function) for item in value)
+    return value
+
+
+def _broadcast_state(state, root_rank, process_set, device):
+    """``root_rank``'s ``state`` on every rank. Its tensors travel as tensors, as in Horovod's
+    ``broadcast_optimizer_state``, each landing on this rank's ``device``; only the rest is
+    pickled, so no rank unpickles a tensor onto the root's GPU."""
+    root = hvd.rank() == root_rank
+    tensors = []
+    if root:
+        state = _map_leaves(state, torch.Tensor, lambda tensor: tensors.append(tensor) or _TensorSlot(tensor))
+    skeleton = hvd.broadcast_object(state if root else None, root_rank=root_rank, name="accordion.optimizer_state",
+                                    process_set=process_set)
+    if not root:
+        _map_leaves(skeleton, _TensorSlot,
+                    lambda slot: tensors.append(torch.empty(slot.shape, dtype=slot.dtype, device=device)))
+    # The root's are copies: state_dict() hands out the live tensors.
+    buffers = [tensor.to(device, copy=True).contiguous() for tensor in tensors] if root else tensors
+    handles = [hvd.broadcast_async_(buffer, root_rank, name=f"accordion.optimizer_state.{k}", process_set=process_set)
+               for k, buffer in enumerate(buffers)]
+    for handle in handles:
+        hvd.synchronize(handle)
+    received = iter(buffers)
+    return _map_leaves(skeleton, _TensorSlot, lambda slot: next(received))
 
 
 def _on_gradient_accumulated(optimizer_ref, layer, _parameter):

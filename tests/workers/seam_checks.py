@@ -36,39 +36,44 @@ def micro_batch_loss(model, step):
 
 def check_batch_switch_with_an_explicit_synchronize_trains_as_step_alone():
     """The README's clipping recipe, ``synchronize()`` then ``step()`` under ``skip_synchronize()``,
-    used to complete a step of 0 micro-batches, whose LR factor ramps to 0: training stopped."""
+    used to complete a step of 0 micro-batches, whose LR factor ramps to 0: training stopped.
+    Stepping only when ``synchronize()`` returns True (the AMP recipe) trains the same."""
     runs = {}
-    for explicit in (False, True):
+    for recipe in ("step alone", "synchronize, then step", "step when synchronize() is True"):
         model = make_model()
         optimizer = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
             batch_switch=BatchSwitch(small_batch=16, multiplier=2), window_steps=2, interval=1, eta=1e9)
-        moved = None
+        moved, communicated = None, 0
         for step in range(24):
             if step == 16:
                 before = [p.detach().clone() for p in model.parameters()]
             optimizer.zero_grad()
             micro_batch_loss(model, step).backward()
-            if explicit:
-                optimizer.synchronize()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6)  # clips nothing: same maths
+            if recipe == "step alone":
+                optimizer.step()
+                continue
+            complete = optimizer.synchronize()
+            communicated += complete
+            if complete:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6)  # clips nothing: the same maths
+            if complete or recipe == "synchronize, then step":
                 with optimizer.skip_synchronize():
                     optimizer.step()
-            else:
-                optimizer.step()
             if step == 23:
-                moved = max(float((p - b).abs().max()) for p, b in zip(model.parameters(), before))
-        stats = optimizer.accordion_stats()
-        micro_batches = [record["micro_batches"] for record in stats["steps_extra"]]
+                moved = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
+        micro_batches = [record["micro_batches"] for record in optimizer.accordion_stats()["steps_extra"]]
         assert 2 in micro_batches, f"the large batch never came: {micro_batches}"
         assert min(micro_batches) >= 1, f"a step of no micro-batch: {micro_batches}"
-        runs[explicit] = (model, moved)
-    (alone, _), (explicit, moved_explicit) = runs[False], runs[True]
-    assert moved_explicit > 0, "no training over micro-batches 16-23 with an explicit synchronize()"
-    for (name, a), b in zip(alone.named_parameters(), explicit.parameters()):
-        assert torch.equal(a, b), f"{name}: explicit synchronize() trains otherwise than step() alone"
-    assert_same_on_all_ranks(explicit)
-    return {"moved": moved_explicit}
+        if recipe != "step alone":
+            assert communicated == len(micro_batches), (recipe, communicated, micro_batches)
+            assert moved > 0, f"{recipe}: no training over micro-batches 16-23"
+        runs[recipe] = model
+    for recipe, model in runs.items():
+        for (name, a), b in zip(runs["step alone"].named_parameters(), model.parameters()):
+            assert torch.equal(a, b), f"{name}: '{recipe}' trains otherwise than step() alone"
+        assert_same_on_all_ranks(model)
+    return sorted(runs)
 
 
 def check_powersgd_without_warm_start_draws_a_new_q_every_step_alike_on_every_rank():
@@ -365,3 +370,75 @@ def check_a_rank_restored_without_its_pending_micro_batches_averages_what_it_hol
     with optimizer.skip_synchronize():
         optimizer.step()
     return held
+
+
+def check_tf_distributed_optimizer_has_horovods_signature_and_takes_v1_optimizers():
+    """R10: it was the Keras one, without use_locking, and refused tf.compat.v1 optimizers."""
+    import inspect
+
+    ours = list(inspect.signature(hvd_tf.DistributedOptimizer).parameters.values())
+    theirs = list(inspect.signature(horovod_tf.DistributedOptimizer).parameters.values())
+    assert [(p.name, p.default) for p in ours[:len(theirs)]] == [(p.name, p.default) for p in theirs]
+    variable = tf.Variable(tf.ones(4))
+    optimizer = hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5), use_locking=True)
+    data = tf.constant(np.random.RandomState(hvd.rank()).standard_normal(4).astype(np.float32))
+    optimizer.minimize(lambda: tf.reduce_sum(variable * data), var_list=[variable])
+    rows = horovod_tf.allgather(variable.read_value()[None]).numpy()
+    assert np.array_equal(rows[0], rows[1]), "the ranks applied different gradients"
+    assert not np.array_equal(rows[0], np.ones(4, np.float32)), "no step was applied"
+    try:
+        hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5),
+                                    compression=hvd_tf.Compression.powersgd(1))
+    except ValueError as error:
+        assert "DistributedGradientTape(accordion=...)" in str(error), error
+        return str(error)
+    raise AssertionError("a v1 optimizer with PowerSGD was accepted")
+
+
+def check_broadcast_optimizer_state_sends_tensors_as_tensors():
+    """R3: the whole state was pickled, so on GPU every rank unpickled the root's CUDA tensors
+    onto the root's device. Only scalars are pickled now; Adam's state (its 0-d step included)
+    arrives whole."""
+    model = make_model(seed=hvd.rank())  # different on every rank
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(2, 1))
+    if hvd.rank() == 0:  # only the root has trained: momenta and Q to share
+        for step in range(2):
+            set_rank_gradients(list(model.parameters()), step)
+            torch.optim.Adam.step(optimizer)
+    pickled = []
+    real_broadcast_object = horovod.broadcast_object
+
+    def recording(value, *args, **kwargs):
+        pickled.append(value)
+        return real_broadcast_object(value, *args, **kwargs)
+
+    horovod.broadcast_object = recording
+    try:
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    finally:
+        horovod.broadcast_object = real_broadcast_object
+
+    def tensors_in(value):
+        if torch.is_tensor(value):
+            return 1
+        if isinstance(value, dict):
+            return sum(tensors_in(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return sum(tensors_in(v) for v in value)
+        return 0
+
+    assert pickled and all(tensors_in(value) == 0 for value in pickled), "a tensor was pickled"
+    state = optimizer.state_dict()
+    for index, entry in state["state"].items():
+        for key, value in entry.items():
+            assert_rows_equal_tensor(value, f"Adam's {key} of parameter {index}")
+    for layer, q in state["accordion"]["reducer"]["q"].items():
+        assert_rows_equal_tensor(q, f"Q of layer {layer}")
+    return len(state["state"])
+
+
+def assert_rows_equal_tensor(tensor, what):
+    rows = gathered(tensor.float().reshape(-1))
+    assert torch.equal(rows[0], rows[1]), f"{what} differs across ranks"
