@@ -1,5 +1,6 @@
 """Where a variant of ``speed.py`` spends its step: torch.profiler on rank 0, top entries by
-self CPU time, written to ``benchmarks/results/profile_<variant>.txt``.
+self CPU time, written to ``benchmarks/results/profile_<variant>.txt``, or with
+``PROFILE_PREFIX=overhead_`` (one process, for ``overhead.py``) ``overhead_profile_<variant>.txt``.
 
     horovodrun -np 2 --gloo python benchmarks/profile_step.py "ours topk 0.1" "ours powersgd r1"
 
@@ -39,9 +40,11 @@ def main(names):
                 variant.step(*batch())
         if hvd.rank() == 0:
             table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-            path = f"benchmarks/results/profile_{name.replace(' ', '_').replace('/', '-')}.txt"
+            prefix = os.environ.get("PROFILE_PREFIX", "")
+            path = f"benchmarks/results/{prefix}profile_{name.replace(' ', '_').replace('/', '-')}.txt"
+            launch = f"{'PROFILE_PREFIX=' + prefix + ' ' if prefix else ''}horovodrun -np {hvd.size()} --gloo python"
             with open(path, "w") as stream:
-                stream.write(f"# {name}: {STEPS} steps on rank 0, {' '.join(['horovodrun -np 2 --gloo python'] + sys.argv)}\n")
+                stream.write(f"# {name}: {STEPS} steps on rank 0, {' '.join([launch] + sys.argv)}\n")
                 stream.write(table)
             print(f"{name}:\n{table}", flush=True)
     dist.destroy_process_group()

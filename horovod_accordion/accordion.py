@@ -131,21 +131,21 @@ class Accordion:
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
 
-    def accumulate(self, ops, accumulated, grads):
-        """Add this step's local gradients to Δ. A layer whose gradient is not finite this step
-        (an overflow that a GradScaler will skip) is left out, so Δ and the next check stay finite."""
-        for total, grad in zip(accumulated, grads):
-            ops.add_to(total, ops.finite_or(grad, ops.zeros_like(grad)))
-
-    def count_non_finite(self, ops, counts, grads, layers=None):
-        """Add 1 to ``counts[k]`` for each layer k (of ``layers``, by default all) whose gradient
-        is not finite this step; read once per window, so the step itself never waits on the device."""
+    def observe_gradients(self, ops, grads, counts, accumulated=None, layers=None):
+        """Read each gradient once for the detector: count in ``counts[k]`` each layer k (of
+        ``layers``, by default all) whose gradient is not finite this step (read once per window,
+        so the step itself never waits on the device), and add the finite ones to Δ
+        (``accumulated``; ``None`` in a window that feeds no check). A non-finite gradient (an
+        overflow that a GradScaler will skip) stays out of Δ, so the next check stays finite."""
         if not grads:
             return
+        finite = ops.finite_flags(grads)
         if layers is None:
-            ops.add_to(counts, ops.non_finite_flags(grads))
+            ops.add_to(counts, ops.false_as_ones(finite))
         else:
-            ops.add_at(counts, layers, ops.non_finite_flags(grads))
+            ops.add_at(counts, layers, ops.false_as_ones(finite))
+        for k, total in enumerate(accumulated or ()):
+            ops.add_if(total, finite[k], grads[k])
 
     def close_window(self, reducer, ops, accumulated, non_finite_counts=None):
         """Close a window for an adapter: at a check, reduce each layer's squared norm of

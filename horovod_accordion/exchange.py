@@ -43,9 +43,8 @@ class BucketedExchange:
         replaces the compressing one for this bucket (DDP's plain allreduce before ``start_iter``)."""
         accordion = self.accordion
         if accordion.adaptive:
-            accordion.count_non_finite(self.ops, self.non_finite_counts, grads, layers)
-        if accordion.window_accumulates:
-            accordion.accumulate(self.ops, [self.accumulated[layer] for layer in layers], grads)
+            accumulated = [self.accumulated[layer] for layer in layers] if accordion.window_accumulates else None
+            accordion.observe_gradients(self.ops, grads, self.non_finite_counts, accumulated, layers)
         if divisor != 1:
             grads = [grad / divisor for grad in grads]
         self.started[bucket] = (reducer or self.reducer).start(layers, grads, name=f".b{bucket}")

@@ -11,10 +11,9 @@ import warnings
 
 import numpy as np
 
-from horovod_accordion.compression import (clamped_rank, index_bytes, index_dtype, is_matrix, packed_index_words,
-                                           powersgd_compresses, sparse_is_cheaper)
-
-from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.arguments import under_elastic
+from horovod_accordion.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
+                                           packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
 __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
            "make_reducer", "query_stream", "split_state", "start_fused_allreduce_mean"]
@@ -153,7 +152,11 @@ class DenseReducer(_Reducer):
         pass
 
     def phases(self, layers, grads, name):
-        pending = start_fused_allreduce_mean(self.ops, grads, f"dense{name}", self.compression)
+        if self.ops.size() == 1 and not under_elastic():
+            # As Horovod's optimizer and tape: one process has nothing to average with.
+            yield
+            return dict(zip(layers, grads))
+        pending = self.ops.start_allreduce_means(grads, f"dense{name}", self.compression)
         yield
         return dict(zip(layers, pending.wait()))
 

@@ -181,8 +181,7 @@ class AccordionState(tf.Module):
         sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
         if self._schedule.adaptive:
-            self._schedule.count_non_finite(self._ops, self.non_finite_counts, grads)
-        self._schedule.accumulate(self._ops, self.accumulated, grads)
+            self._schedule.observe_gradients(self._ops, grads, self.non_finite_counts, self.accumulated)
         self.steps.assign_add(1)
         if micro_batches is not None:
             grads = [g / tf.cast(micro_batches, g.dtype) for g in grads]

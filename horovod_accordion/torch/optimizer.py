@@ -70,12 +70,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
         self._completes_large_batch = None  # this micro-batch's count, once synchronize() or step() took it
         self._lr_factor = 1.0
-        log = CommunicationLog.on_rank(process_set.rank(), accordion_options.pop("log_path"),
-                                       accordion_options.pop("tensorboard_dir"), summary_writer)
+        log_path, tensorboard_dir = accordion_options.pop("log_path"), accordion_options.pop("tensorboard_dir")
         # describe must not hold the optimizer: the exit warning below keeps the Accordion alive.
         describe = None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size())
-        self._accordion = Accordion(self._names, levels, log=log, describe=describe,
-                                    **accordion_options)
+        self._accordion = Accordion(self._names, levels, describe=describe, **accordion_options)
+        # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
+        self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
         if self._accordion.adaptive and self._accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
