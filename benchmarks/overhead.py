@@ -120,13 +120,19 @@ def main():
     results, stack = (run_torch if args.framework == "torch" else run_tf)(args)
     if not args.out:
         return
-    record = json.load(open(args.out)) if os.path.exists(args.out) else {}
+    record = {}
+    if os.path.exists(args.out):
+        with open(args.out) as stream:
+            record = json.load(stream)
     command = args.command or " ".join([sys.executable] + sys.argv)
     record["commands"] = sorted(set(record.get("commands", [])) | {command})
     record.update({
         "model": "torch: resnet18-cifar; tf: keras resnet50 (32x32x3, 10 classes)", "batch": 16, "ranks": 1,
         "timing": f"median of {args.rounds} rounds x {args.steps} timed steps, {args.warmup} warm-up steps per "
                   f"round, the variants of one framework interleaved in one job; median_cpu_s: CPU time per step",
+        "note": "one process: Horovod's optimizer and tape skip their collectives there, and so do ours with none "
+                "and fp16, so those two ratios measure the bookkeeping around the step only; PowerSGD and the DDP "
+                "hooks run their collectives over one rank",
     })
     record.setdefault("machine", {})[args.framework] = \
         f"{platform.machine()}, {os.cpu_count()} cores, {stack}, 1 thread, one process (horovodrun -np 1, Gloo)"

@@ -88,7 +88,8 @@ class Accordion:
         self.step += 1
         self.micro_batches_accumulated += micro_batches
         if self.step == NO_WINDOW_WARNING_STEPS and self.window_steps is None:
-            warn_if_no_window_closed(self, "end_epoch() on the optimizer or the DDP state")
+            warn_if_no_window_closed(self, "end_epoch() (on the optimizer, the DDP state or the TF state) "
+                                           "unless your epochs are longer than this")
         return self.window_steps is not None and self.step % self.window_steps == 0
 
     @property
@@ -206,9 +207,9 @@ class Accordion:
             raise ValueError(f"checkpoint levels {tuple(state['levels'])} differ from this optimizer's "
                              f"{(self.low, self.high)}")
         if list(state["layer_names"]) != self.layer_names:
-            missing = sorted(set(state["layer_names"]) ^ set(self.layer_names))
+            only_one_side = sorted(set(state["layer_names"]) ^ set(self.layer_names))
             raise ValueError(f"checkpoint layer names differ from this model's parameters"
-                             f"{': ' + ', '.join(missing[:5]) if missing else ' (their order differs)'}")
+                             f"{': ' + ', '.join(only_one_side[:5]) if only_one_side else ' (their order differs)'}")
         self.detector.check_compatible(state["detector"])
 
     def load_state_dict(self, state):

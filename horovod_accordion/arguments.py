@@ -1,14 +1,26 @@
 """Checks shared by every adapter: Horovod's optimizer arguments, and the cross-rank
 consistency of what will be exchanged. Pure Python; the adapters run the collectives."""
 
+import collections
 import hashlib
 import os
-import weakref
 
 __all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_exchange_on_all_ranks",
            "check_same_on_all_ranks", "collective_prefix", "exchange_signature", "under_elastic"]
 
-_prefixes_in_use = weakref.WeakValueDictionary()
+_exchanges_built = collections.Counter()  # per layer-name hash, in this process
+
+
+def collective_prefix(names):
+    """The prefix of an exchange's collective names, the same on every rank: Horovod matches
+    collectives by name, so two optimizers whose buckets are in flight in one backward (a GAN,
+    one optimizer per module) must not both send ``powersgd.P.b0``. It is a hash of the layer
+    names, as Horovod names its allreduces by parameter, numbered from the second exchange
+    this process builds over the same names; ``check_same_exchange_on_all_ranks`` then gives
+    every rank the first rank's, should the ranks have built different numbers of exchanges."""
+    base = "accordion." + hashlib.sha1("\0".join(names).encode()).hexdigest()[:10]
+    _exchanges_built[base] += 1
+    return base if _exchanges_built[base] == 1 else f"{base}.{_exchanges_built[base]}"
 
 
 def under_elastic():
@@ -16,22 +28,6 @@ def under_elastic():
     a joining worker builds its optimizer while the others train, so the cross-rank checks
     move from construction to each state sync."""
     return os.environ.get("HOROVOD_ELASTIC") == "1"
-
-
-def collective_prefix(names, owner):
-    """The prefix of ``owner``'s collective names, unique among the live exchanges of this
-    process and the same on every rank: Horovod matches collectives by name, so two
-    optimizers whose buckets are in flight in one backward (a GAN, one optimizer per module)
-    must not both send ``powersgd.P.b0``. It is derived from the layer names, as Horovod
-    names its allreduces by parameter, so a joining elastic worker finds the same one; two
-    live exchanges over the same names (built in the same order on every rank) are numbered."""
-    base = "accordion." + hashlib.sha1("\0".join(names).encode()).hexdigest()[:10]
-    prefix, copies = base, 1
-    while _prefixes_in_use.get(prefix) is not None:
-        copies += 1
-        prefix = f"{base}.{copies}"
-    _prefixes_in_use[prefix] = owner
-    return prefix
 
 
 def check_optimizer_arguments(op_name, gradient_predivide_factor, backward_passes_per_step):
@@ -67,9 +63,12 @@ def exchange_signature(names, shapes, dtypes, compression):
 
 def check_same_exchange_on_all_ranks(ops, names, shapes, dtypes, compression):
     """A collective, through ``ops``' ``broadcast_object`` and ``sum_over_ranks``: every rank
-    must exchange the same tensors, in the same order, with the same compression."""
+    must exchange the same tensors, in the same order, with the same compression. Then every
+    rank takes the first rank's collective names (``ops.name_prefix``), whatever other
+    exchanges each process has built before."""
     check_same_on_all_ranks(exchange_signature(names, shapes, [str(d) for d in dtypes], compression), ops.rank(),
                             ops.broadcast_object, ops.sum_over_ranks)
+    ops.name_prefix = ops.broadcast_object(ops.name_prefix)
 
 
 def check_same_on_all_ranks(local, rank, broadcast_from_root, sum_over_ranks):

@@ -92,23 +92,32 @@ class BucketedExchange:
                          "accumulated": [self.ops.copy(total) for total in self.accumulated]},
         }
 
-    def load_state_dict(self, saved, own=None):
-        """Restore a ``state_dict()``. Its per-rank part is restored if ``own`` (by default:
-        saved on this rank, at this world size); else it restarts from zero, with a warning,
-        and the shared part still resumes exactly."""
+    def check_compatible(self, saved, own=None):
+        """Raise a ``ValueError`` that says what differs if ``saved`` is another configuration's
+        (levels, layers, compression, shapes), before anything is loaded."""
         shared, per_rank = split_state(self.reducer)
         if set(saved["reducer"]) != set(shared):
             raise ValueError(f"the checkpoint's compression state {sorted(saved['reducer'])} is not this "
                              f"one's {sorted(shared)}: it was saved with another compression")
-        mine = saved["per_rank"]
-        if own is None:
-            own = (mine["rank"], mine["size"]) == (self.ops.rank(), self.ops.size())
-        # Everything is checked before anything is loaded: a mismatch leaves this state as it was.
         self.accordion.check_compatible(saved["schedule"])
         _check_same_shapes(shared, saved["reducer"])
-        if own:
+        mine = saved["per_rank"]
+        if self._owns(mine, own):
             _check_same_shapes(dict(per_rank, accumulated=dict(enumerate(self.accumulated))),
                                dict(mine["reducer"], accumulated=dict(enumerate(mine["accumulated"]))))
+
+    def _owns(self, mine, own):
+        return (mine["rank"], mine["size"]) == (self.ops.rank(), self.ops.size()) if own is None else own
+
+    def load_state_dict(self, saved, own=None):
+        """Restore a ``state_dict()``. Its per-rank part is restored if ``own`` (by default:
+        saved on this rank, at this world size); else it restarts from zero, with a warning,
+        and the shared part still resumes exactly."""
+        # Everything is checked before anything is loaded: a mismatch leaves this state as it was.
+        self.check_compatible(saved, own)
+        shared, per_rank = split_state(self.reducer)
+        mine = saved["per_rank"]
+        own = self._owns(mine, own)
         self.accordion.load_state_dict(saved["schedule"])
         self.ops.import_state(shared, saved["reducer"])
         if own:

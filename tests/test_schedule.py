@@ -6,7 +6,7 @@ import pytest
 from horovod_accordion.accordion import NO_WINDOW_WARNING_STEPS, Accordion
 
 
-def test_a_run_that_never_closes_a_window_is_told_long_before_it_ends():
+def test_a_run_that_never_closes_a_window_is_told_after_longer_than_an_epoch():
     """It used to be told only at exit, after the whole run had stayed at ℓ_low."""
     schedule = Accordion(["w"], (2, 1))
     for _ in range(NO_WINDOW_WARNING_STEPS - 1):

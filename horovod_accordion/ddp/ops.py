@@ -29,6 +29,7 @@ class DistributedOps(TorchTensorOps):
     def __init__(self, process_group=None, device="cpu"):
         super().__init__(device)
         self.process_group = process_group
+        self.name_prefix = None  # torch.distributed matches collectives by order, not by name
 
     def size(self):
         return dist.get_world_size(self.process_group)

@@ -220,12 +220,15 @@ class TensorFlowOps:
         if not tensors:
             return _Done([])
         compression = compression or hvd.Compression.none
-        wires = [compression.compress(tensor) for tensor in tensors]
+        # bf16 travels as fp32, as in start_allreduce_mean: Horovod's TF ops reject bf16.
+        wires = [compression.compress(tf.cast(tensor, _WIRE_DTYPES.get(tensor.dtype, tensor.dtype)))
+                 for tensor in tensors]
         self.bytes_sent.assign_add(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]))
         reduced = hvd.grouped_allreduce([wire for wire, _ in wires], name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                         prescale_factor=1.0 / self.gradient_predivide_factor,
                                         postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
-        return _Done([compression.decompress(value, ctx) for value, (_, ctx) in zip(reduced, wires)])
+        return _Done([tf.cast(compression.decompress(value, ctx), tensor.dtype)
+                      for value, (_, ctx), tensor in zip(reduced, wires, tensors)])
 
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len)."""

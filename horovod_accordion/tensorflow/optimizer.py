@@ -168,6 +168,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     """
     _require_keras2(optimizer)
     if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)):
+        dropped = [name for name, value in (("log_path", log_path), ("tensorboard_dir", tensorboard_dir)) if value]
+        if dropped:
+            warnings.warn(f"with {getattr(compression, '__name__', compression)} this is Horovod's own Keras "
+                          f"optimizer, which keeps no traffic record: {' and '.join(dropped)} are ignored",
+                          UserWarning)
         return hvd_keras.DistributedOptimizer(
             optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,

@@ -65,7 +65,7 @@ class AccordionState(tf.Module):
         self._op = op
         self._sparse_as_dense = sparse_as_dense
         self._shapes = shapes
-        self._ops = TensorFlowOps(process_set, gradient_predivide_factor, collective_prefix(names, self))
+        self._ops = TensorFlowOps(process_set, gradient_predivide_factor, collective_prefix(names))
         self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
         self.batch_switch = batch_switch
         levels = switched_levels(batch_switch, levels, backward_passes_per_step)
@@ -76,7 +76,7 @@ class AccordionState(tf.Module):
             names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
             check_norm=check_norm, verify_levels=verify_levels,
-            describe=None if batch_switch is None else lambda lv: batch_switch.describe(lv, self._ops.size()))
+            describe=None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size()))
         self._compression = compression
         self._variables = variables
         if not under_elastic():
@@ -108,6 +108,11 @@ class AccordionState(tf.Module):
             self.passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="backward_passes")
         self._synced_json = self._dump()
         self.schedule_json = tf.Variable(self._synced_json, dtype=tf.string, trainable=False, name="schedule")
+        # The check history grows with the run: a variable of its own, written only when it grows,
+        # and told apart by its count, so that no batch reads or writes it whole.
+        self._synced_checks = 0
+        self.check_history = tf.Variable("[]", dtype=tf.string, trainable=False, name="check_history")
+        self.check_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="check_count")
 
     def check_variables(self, variables):
         """Raise a ``ValueError`` unless ``variables`` are this state's, in its order: its error
@@ -151,7 +156,8 @@ class AccordionState(tf.Module):
     def _shared_variables(self):
         shared = {f"{group}_{i}": holder for group, entries in split_state(self._reducer)[0].items()
                   for i, holder in entries.items()}
-        shared.update(steps=self.steps, schedule=self.schedule_json)
+        shared.update(steps=self.steps, schedule=self.schedule_json, check_history=self.check_history,
+                      check_count=self.check_count)
         for name in ("apply_now", "lr_factor", "pending_count", "passes"):
             if hasattr(self, name):
                 shared[name] = getattr(self, name)
@@ -292,7 +298,9 @@ class AccordionState(tf.Module):
         return _MirroredPythonState(self)
 
     def _dump(self):
-        return json.dumps({"schedule": self._schedule.state_dict(),
+        schedule = self._schedule.state_dict()
+        del schedule["checks"]  # in check_history
+        return json.dumps({"schedule": schedule,
                            "micro_batches": self._counter.state_dict() if self.batch_switch else None})
 
     def _load(self, text):
@@ -317,13 +325,23 @@ class _MirroredPythonState:
         self.state = state
 
     def __enter__(self):
-        saved = self.state.schedule_json.numpy().decode()
-        if saved != self.state._synced_json:
-            self.state._load(saved)
-            self.state._synced_json = saved
+        state = self.state
+        saved = state.schedule_json.numpy().decode()
+        if saved != state._synced_json:
+            state._load(saved)
+            state._synced_json = saved
+        checks = int(state.check_count.numpy())
+        if checks != state._synced_checks:
+            state._log.checks = json.loads(state.check_history.numpy().decode())
+            state._synced_checks = checks
 
     def __exit__(self, *exc_info):
-        current = self.state._dump()
-        if current != self.state._synced_json:
-            self.state.schedule_json.assign(current)
-            self.state._synced_json = current
+        state = self.state
+        current = state._dump()
+        if current != state._synced_json:
+            state.schedule_json.assign(current)
+            state._synced_json = current
+        if len(state._log.checks) != state._synced_checks:
+            state.check_history.assign(json.dumps(state._log.checks))
+            state.check_count.assign(len(state._log.checks))
+            state._synced_checks = len(state._log.checks)

@@ -61,7 +61,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self._ops = TorchOps(process_set, gradient_predivide_factor,
                              device=self._params[0].device if self._params else "cpu",
-                             name_prefix=collective_prefix(self._names, self))
+                             name_prefix=collective_prefix(self._names))
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
         self._batch_switch = batch_switch
         levels = switched_levels(batch_switch, levels, backward_passes_per_step)
@@ -85,7 +85,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else assign_buckets([p.numel() * p.element_size() for p in self._params], bucket_cap_mb)
         self._bucket_of = {layer: b for b, layers in enumerate(self._buckets) for layer in layers}
         self._reset_buckets()
-        if batch_switch is None and process_set.included():
+        if process_set.included():
             # The hooks must not keep the optimizer alive: its finalizer warns about unclosed windows.
             this = weakref.ref(self)
             for layer, p in enumerate(self._params):
@@ -113,7 +113,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gradient_ready(self, layer):
         """A backward pass has accumulated ``layer``'s gradient: start its bucket once every
-        layer in it has all ``backward_passes_per_step`` passes."""
+        layer in it has all ``backward_passes_per_step`` passes. With ``batch_switch`` it only
+        marks a new micro-batch, which ``synchronize()`` or ``step()`` will count: whether it
+        completes the large batch is known only then."""
+        if self._micro_batches:
+            self._completes_large_batch = None
+            self._synchronized = False
+            return
         self._passes[layer] += 1
         if self._passes[layer] > self.backward_passes_per_step:
             raise AssertionError(
@@ -144,8 +150,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return True
-        if self._micro_batches and not self._count_micro_batch():
-            return False
+        if self._micro_batches:
+            if self._synchronized:
+                return True  # this micro-batch's large batch is already averaged: no exchange of nothing
+            if not self._count_micro_batch():
+                return False
         for bucket in range(len(self._buckets)):
             if bucket not in self._exchange.started:
                 self._start_bucket(bucket)
@@ -282,6 +291,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         "rank 0 saves one file" checkpoint): the shared state still resumes exactly."""
         state_dict = dict(state_dict)
         accordion_state = state_dict.pop("accordion", None)
+        if accordion_state is not None:  # checked first: a mismatch leaves this optimizer as it was
+            self._exchange.check_compatible(accordion_state, self._owns(accordion_state))
+            if (accordion_state["micro_batches"] is None) != (self._micro_batches is None):
+                raise ValueError("the checkpoint was saved with batch_switch and this optimizer has none, or the "
+                                 "reverse")
         super(self.__class__, self).load_state_dict(state_dict)
         if accordion_state is not None:
             self._load_accordion_state(accordion_state)
@@ -289,12 +303,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._completes_large_batch = None
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
 
-    def _load_accordion_state(self, saved):
-        if (saved["micro_batches"] is None) != (self._micro_batches is None):
-            raise ValueError("the checkpoint was saved with batch_switch and this optimizer has none, or the "
-                             "reverse")
+    def _owns(self, saved):
+        """Whether ``saved``'s per-rank part is this process's own: saved by it (an elastic commit,
+        whatever its rank is now), or on this rank at this world size."""
         mine = saved["per_rank"]
-        own = mine.get("owner") == self._owner or (mine["rank"], mine["size"]) == (self._ops.rank(), self._ops.size())
+        return mine.get("owner") == self._owner or (mine["rank"], mine["size"]) == (self._ops.rank(), self._ops.size())
+
+    def _load_accordion_state(self, saved):
+        mine, own = saved["per_rank"], self._owns(saved)
         self._exchange.load_state_dict(saved, own)
         if self._micro_batches:
             # A rank that takes another's count without its gradients divides by what it holds.
@@ -333,10 +349,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 
 
 class _TensorSlot:
-    """Where a broadcast state had a tensor: its shape and dtype."""
+    """Where a broadcast state had a tensor: its shape, dtype and whether it lived on the CPU
+    (Adam keeps its step count there, to avoid a host sync per parameter)."""
 
     def __init__(self, tensor):
-        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        self.shape, self.dtype, self.on_cpu = tuple(tensor.shape), tensor.dtype, tensor.device.type == "cpu"
 
 
 def _map_leaves(value, leaf_type, function):
@@ -352,19 +369,25 @@ def _map_leaves(value, leaf_type, function):
 
 def _broadcast_state(state, root_rank, process_set, device):
     """``root_rank``'s ``state`` on every rank. Its tensors travel as tensors, as in Horovod's
-    ``broadcast_optimizer_state``, each landing on this rank's ``device``; only the rest is
-    pickled, so no rank unpickles a tensor onto the root's GPU."""
+    ``broadcast_optimizer_state``, each landing on this rank's ``device`` (or on the CPU, where
+    the root kept it there); only the rest is pickled, so no rank unpickles a tensor onto the
+    root's GPU."""
     root = hvd.rank() == root_rank
-    tensors = []
+    slots = []
     if root:
-        state = _map_leaves(state, torch.Tensor, lambda tensor: tensors.append(tensor) or _TensorSlot(tensor))
+        state = _map_leaves(state, torch.Tensor, lambda tensor: slots.append((tensor, _TensorSlot(tensor))) or slots[-1][1])
     skeleton = hvd.broadcast_object(state if root else None, root_rank=root_rank, name="accordion.optimizer_state",
                                     process_set=process_set)
     if not root:
-        _map_leaves(skeleton, _TensorSlot,
-                    lambda slot: tensors.append(torch.empty(slot.shape, dtype=slot.dtype, device=device)))
-    # The root's are copies: state_dict() hands out the live tensors.
-    buffers = [tensor.to(device, copy=True).contiguous() for tensor in tensors] if root else tensors
+        _map_leaves(skeleton, _TensorSlot, lambda slot: slots.append((None, slot)))
+
+    def buffer(tensor, slot):
+        where = "cpu" if slot.on_cpu else device
+        if tensor is None:
+            return torch.empty(slot.shape, dtype=slot.dtype, device=where)
+        return tensor.to(where, copy=True).contiguous()  # a copy: state_dict() hands out the live tensors
+
+    buffers = [buffer(tensor, slot) for tensor, slot in slots]
     handles = [hvd.broadcast_async_(buffer, root_rank, name=f"accordion.optimizer_state.{k}", process_set=process_set)
                for k, buffer in enumerate(buffers)]
     for handle in handles:
@@ -400,7 +423,7 @@ def _parameter_names(param_groups, named_parameters):
         raise ValueError(f"named_parameters was specified, but {len(unnamed)} model parameters were not named: "
                          f"{', '.join(unnamed[:5])}{', ...' if len(unnamed) > 5 else ''}")
     held = {p for group in param_groups for p in group["params"]}
-    foreign = [name for name, p in named_parameters if p not in held]
+    foreign = [name for name, p in named_parameters if p not in held and p.requires_grad]
     if foreign:
         # Horovod ignores them; say so, since a parameter left out of the optimizer never trains.
         warnings.warn(f"named_parameters names {len(foreign)} parameter(s) this optimizer does not hold, which "

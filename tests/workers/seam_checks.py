@@ -1,6 +1,6 @@
 """The bugs that lived between two pieces tested apart (issue 18), on 2 real ranks, torch and TF.
 
-Each check failed on the commit before its fix (see the issue's closing note).
+Each check failed on 5715ed0, before the fixes (the issue's closing note names each one's commit).
 """
 import os
 import warnings
@@ -39,7 +39,8 @@ def check_batch_switch_with_an_explicit_synchronize_trains_as_step_alone():
     used to complete a step of 0 micro-batches, whose LR factor ramps to 0: training stopped.
     Stepping only when ``synchronize()`` returns True (the AMP recipe) trains the same."""
     runs = {}
-    for recipe in ("step alone", "synchronize, then step", "step when synchronize() is True"):
+    for recipe in ("step alone", "synchronize, then step", "step when synchronize() is True",
+                   "zero_grad only after a step"):
         model = make_model()
         optimizer = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
@@ -48,7 +49,8 @@ def check_batch_switch_with_an_explicit_synchronize_trains_as_step_alone():
         for step in range(24):
             if step == 16:
                 before = [p.detach().clone() for p in model.parameters()]
-            optimizer.zero_grad()
+            if recipe != "zero_grad only after a step":
+                optimizer.zero_grad()
             micro_batch_loss(model, step).backward()
             if recipe == "step alone":
                 optimizer.step()
@@ -60,6 +62,8 @@ def check_batch_switch_with_an_explicit_synchronize_trains_as_step_alone():
             if complete or recipe == "synchronize, then step":
                 with optimizer.skip_synchronize():
                     optimizer.step()
+            if complete and recipe == "zero_grad only after a step":
+                optimizer.zero_grad()
             if step == 23:
                 moved = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
         micro_batches = [record["micro_batches"] for record in optimizer.accordion_stats()["steps_extra"]]
@@ -210,32 +214,52 @@ def check_a_checkpoint_with_other_detector_arguments_warns_naming_them():
 
 
 def check_a_checkpoint_of_other_shapes_is_a_value_error_and_restores_nothing():
-    """Same names, other shapes: the schedule used to load before a raw shape error."""
-    def build(width):
+    """Same names, other shapes: the schedule, and before it the wrapped optimizer's learning rate
+    and momenta, used to load before a raw shape error."""
+    def build(width, lr):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(20, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
-        return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+        return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                                         named_parameters=model.named_parameters(),
                                         compression=Compression.powersgd(2, 1), window_steps=1, interval=1), model
 
-    trained, model = build(32)
+    trained, model = build(32, lr=0.2)
     for step in range(3):
         trained.zero_grad()
         micro_batch_loss(model, step).backward()
         trained.step()
-    fresh, _ = build(16)
-    saved = trained.state_dict()
-    saved.pop("state")  # torch's own size check would come first; Accordion's part is the subject
-    saved["state"] = {}
+    fresh, _ = build(16, lr=0.1)
     try:
-        fresh.load_state_dict(saved)
+        fresh.load_state_dict(trained.state_dict())
     except ValueError as error:
         message = str(error)
     else:
         raise AssertionError("a checkpoint of other shapes was accepted")
     assert "shape" in message, message
-    assert fresh._accordion.step == 0 and fresh._accordion.detector.windows_seen == 0, "half restored"
+    assert fresh._accordion.step == 0 and fresh._accordion.detector.windows_seen == 0, "half restored: schedule"
+    assert fresh.param_groups[0]["lr"] == 0.1 and not fresh.state, "half restored: the wrapped optimizer"
     return message
+
+
+def check_ranks_that_built_different_numbers_of_exchanges_agree_on_collective_names():
+    """The names' number came from what each process had built (or still held alive): ranks
+    that differ there must still send the same names."""
+    from horovod_accordion.arguments import collective_prefix
+
+    model = make_model()
+    names = [name for name, _ in model.named_parameters()]
+    if hvd.rank() == 1:
+        collective_prefix(names)  # as if rank 1 had built an optimizer over these names before
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(2, 1))
+    prefixes = horovod.allgather_object(optimizer._ops.name_prefix)
+    assert prefixes[0] == prefixes[1], prefixes
+    optimizer.zero_grad()
+    micro_batch_loss(model, 0).backward()
+    optimizer.step()
+    assert_same_on_all_ranks(model)
+    return prefixes[0]
 
 
 def check_topk_wire_choice_does_not_wrap_in_int32():
