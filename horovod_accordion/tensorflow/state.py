@@ -147,11 +147,17 @@ class AccordionState(tf.Module):
         residuals, Δ and pending gradients, which are its own. Eager; call it on every rank."""
         shared = self._shared_variables()
         root = hvd.rank() == root_rank
+        if self.batch_switch is not None:
+            with self._python_state():
+                held = self._counter.held  # the micro-batches whose gradients this rank's pending sums hold
         values = hvd.broadcast_object({k: v.numpy() for k, v in shared.items()} if root else None,
                                       root_rank=root_rank, process_set=self._ops.process_set,
                                       name="accordion.shared_state")
         for key, variable in shared.items():
             variable.assign(values[key])
+        if self.batch_switch is not None:
+            with self._python_state():  # the root's count: this rank divides by what it holds of it
+                self._counter.missing = max(self._counter.pending - held, 0)
 
     def _shared_variables(self):
         shared = {f"{group}_{i}": holder for group, entries in split_state(self._reducer)[0].items()
@@ -235,10 +241,11 @@ class AccordionState(tf.Module):
         self.observe_lr(lr)
         with self._python_state():  # the count of a large batch in progress is checkpointed
             complete = self._counter.add(self.micro_batches_per_step)
+            held = self._counter.held
             self._step_record = self._counter.complete_step() if complete else None
         self.apply_now.assign(complete)
         if complete:
-            self.pending_count.assign(float(self._step_record["micro_batches"]))
+            self.pending_count.assign(float(held))
             self.lr_factor.assign(self._step_record["lr_factor"])
 
     def end_micro_batch(self):

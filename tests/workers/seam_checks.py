@@ -466,3 +466,41 @@ def check_broadcast_optimizer_state_sends_tensors_as_tensors():
 def assert_rows_equal_tensor(tensor, what):
     rows = gathered(tensor.float().reshape(-1))
     assert torch.equal(rows[0], rows[1]), f"{what} differs across ranks"
+
+
+def check_tf_rank_restored_without_its_pending_micro_batches_averages_what_it_holds():
+    """R4 in TF: rank 0 alone restores a state two micro-batches into a large batch of four and
+    shares it; rank 1, fresh, used to divide its two micro-batches by four."""
+    variables = [tf.Variable(tf.zeros(4))]
+
+    def build():
+        return hvd_tf.AccordionState(variables, hvd_tf.Compression.none,
+                                     batch_switch=BatchSwitch(small_batch=1, multiplier=4, warmup_steps=0),
+                                     window_steps=1, interval=1, eta=1e9)
+
+    def grads(k):
+        return [tf.constant(np.full(4, 1.0 + k + 10 * hvd.rank(), np.float32))]
+
+    def micro_batch(state, k):
+        state.begin_micro_batch(0.1)
+        state.add_micro_batch(grads(k))
+        averaged = state.reduce_pending() if bool(state.apply_now.numpy()) else None
+        state.end_micro_batch()
+        return averaged
+
+    first, k = build(), 0
+    while not (first.micro_batches_per_step == 4 and first._counter.pending == 2):
+        micro_batch(first, k)
+        k += 1
+        assert k < 50, "the large batch never came"
+    second = build()
+    if hvd.rank() == 0:
+        second.load_snapshot(first.snapshot())  # rank 0 restores its own state; rank 1 starts fresh
+    second.broadcast_shared_state(0)
+    assert micro_batch(second, k) is None  # the third of four
+    averaged = micro_batch(second, k + 1)[0].numpy()
+    held = [k - 2, k - 1, k, k + 1] if hvd.rank() == 0 else [k, k + 1]
+    mine = sum(grads(j)[0].numpy() for j in held) / len(held)
+    expected = horovod_tf.allreduce(tf.constant(mine), op=horovod_tf.Average).numpy()
+    np.testing.assert_allclose(averaged, expected, rtol=1e-6)
+    return held
