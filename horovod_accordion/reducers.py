@@ -152,7 +152,7 @@ class DenseReducer(_Reducer):
         pass
 
     def phases(self, layers, grads, name):
-        if self.ops.size() == 1 and not under_elastic():
+        if not under_elastic() and self.ops.size() == 1:
             # As Horovod's optimizer and tape: one process has nothing to average with.
             yield
             return dict(zip(layers, grads))

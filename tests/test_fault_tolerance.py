@@ -1,6 +1,7 @@
 """Jobs that stop: a resume in a new ``horovodrun`` job continues bit-identically, and a
 killed worker ends the job instead of hanging the survivor."""
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def second_local_address():
 @pytest.mark.multiworker
 @pytest.mark.skipif(second_local_address() is None,
                     reason="the elastic test needs a second local IPv4 address besides loopback")
-@pytest.mark.parametrize("framework", ["torch", "keras"])
+@pytest.mark.parametrize("framework", ["torch", "keras", "keras topk-sum"])
 def test_elastic_a_killed_worker_and_a_rejoin_lose_no_committed_step(framework, tmp_path):
     """Rank 1 dies right after the commit of step 12; the survivor trains alone from there
     with its own memory; a worker joins after the blacklist cooldown (Horovod elastic needs Gloo)."""
@@ -77,7 +78,7 @@ def test_elastic_a_killed_worker_and_a_rejoin_lose_no_committed_step(framework, 
     job = subprocess.run(
         [HOROVODRUN, "--gloo", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
          str(discover), "--blacklist-cooldown-range", "3", "6", sys.executable, "-m",
-         f"tests.workers.{framework}_elastic_job", str(tmp_path)],
+         f"tests.workers.{framework.split()[0]}_elastic_job", str(tmp_path), *framework.split()[1:]],
         cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     workers = [[json.loads(line) for line in path.read_text().splitlines()]
@@ -103,5 +104,28 @@ def test_elastic_a_killed_worker_and_a_rejoin_lose_no_committed_step(framework, 
                 if r["event"] == "batch" and r["accordion_step"] >= joined[0]["accordion_step"]}
     assert joined[0]["accordion_step"] in together, (joined[0], sorted(together))
     assert all(together[r["accordion_step"]] == r["levels"] for r in joined), "levels differ after the rejoin"
+    if framework == "keras topk-sum":
+        # TopK 90 % goes dense on 2 ranks and sparse alone: the traced step must see the world size change.
+        sizes = {1: keras_topk_bytes(1), 2: keras_topk_bytes(2)}
+        assert sizes[1] != sizes[2], sizes
+        sent = {(r["size"], r["bytes_sent"]) for w in workers for r in w if r["event"] == "batch"}
+        assert sent == {(1, sizes[1]), (2, sizes[2])}, (sent, sizes)
     done = [next(r for r in w if r["event"] == "done") for w in (survivor, joiner)]
     assert done[0]["weights"] == done[1]["weights"], done
+
+
+def keras_topk_bytes(size, fraction=0.9, shapes=((16, 32), (32,), (32, 4), (4,))):
+    """Bytes per step of static TopK on the Keras elastic job's model at ``size`` ranks: each
+    matrix sparse (values and int16 indices) where that is cheaper, else dense; biases dense."""
+    from horovod_accordion.compression import index_bytes, index_dtype, kept_count, packed_index_words, \
+        sparse_is_cheaper
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if len(shape) < 2:
+            total += 4 * numel
+            continue
+        kept, dtype = kept_count(fraction, numel), index_dtype(numel)
+        sparse = sparse_is_cheaper(kept, numel, index_bytes(dtype), size)
+        total += 4 * (kept + packed_index_words(kept, dtype)) if sparse else 4 * numel
+    return total

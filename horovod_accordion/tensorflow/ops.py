@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
+from horovod_accordion.arguments import under_elastic
 from horovod_accordion.compression import matrix_shape
 
 __all__ = ["TensorFlowOps"]
@@ -188,6 +189,11 @@ class TensorFlowOps:
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):
+        """Under ``hvd.elastic``, a graph op that reads the world size when the step runs, as
+        Horovod's own TF code does: Keras keeps its traced step across resets, and a size traced
+        as a number would stay the old world's (TopK's wire way, the allgather's rows, Sum)."""
+        if under_elastic():
+            return hvd.size_op(process_set_id=self.process_set.process_set_id)
         return self.process_set.size()
 
     def rank(self):

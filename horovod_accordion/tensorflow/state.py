@@ -76,7 +76,7 @@ class AccordionState(tf.Module):
             names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
             check_norm=check_norm, verify_levels=verify_levels,
-            describe=None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size()))
+            describe=None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, int(ops.size())))
         self._compression = compression
         self._variables = variables
         if not under_elastic():
@@ -140,6 +140,7 @@ class AccordionState(tf.Module):
     def load_snapshot(self, values):
         for variable, value in zip(self.variables, values):
             variable.assign(value)
+        self._ops.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
 
     def broadcast_shared_state(self, root_rank):
         """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,
@@ -199,7 +200,7 @@ class AccordionState(tf.Module):
             grads = [g / tf.cast(micro_batches, g.dtype) for g in grads]
         averaged = self._reducer.reduce(grads)
         if self._op == hvd.Sum:
-            averaged = [g * self._ops.size() for g in averaged]
+            averaged = [g * tf.cast(self._ops.size(), g.dtype) for g in averaged]
         return averaged
 
     def _dense(self, grad, shape):

@@ -302,6 +302,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._completes_large_batch = None
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
+        self._ops.take_bytes_sent()  # and their traffic is no step's
 
     def _owns(self, saved):
         """Whether ``saved``'s per-rank part is this process's own: saved by it (an elastic commit,

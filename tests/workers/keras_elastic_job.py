@@ -22,8 +22,9 @@ EPOCHS, KILL_AT = 10, (1, 3)
 
 
 def memory_norm(state):
+    """Of the error feedback: PowerSGD's memory or TopK's residuals."""
     return float(np.sqrt(sum(np.square(v.numpy()).sum() for k, v in state.reducer_variables.items()
-                             if k.startswith("memory"))))
+                             if k.startswith(("memory", "residual")))))
 
 
 class Record(tf_keras.callbacks.Callback):
@@ -42,7 +43,8 @@ class Record(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.write(event="batch", epoch=self.epoch, batch=batch, rank=hvd.rank(), size=hvd.size(),
                    accordion_step=self.accordion._schedule.step, memory_norm_before=self.before,
-                   levels=list(self.accordion.levels.values()))
+                   levels=list(self.accordion.levels.values()),
+                   bytes_sent=self.accordion.accordion_stats()["bytes_per_step"][-1])
         if (batch + 1) % 2 == 0:
             self.write(event="commit", epoch=self.epoch, batch=batch, accordion_step=self.accordion._schedule.step,
                        memory_norm=memory_norm(self.accordion))
@@ -56,15 +58,22 @@ class Record(tf_keras.callbacks.Callback):
         return self.model.optimizer.accordion_state
 
 
-def main(directory):
+# PowerSGD 2/1 averaged; or static TopK 90 % summed, whose wire way (sparse or dense) and sum
+# depend on the world size, which must not stay frozen in the traced step across resets.
+VARIANTS = {
+    "powersgd": dict(compression=hvd.Compression.powersgd(2, 1, min_compression_rate=0)),
+    "topk-sum": dict(compression=hvd.Compression.topk(0.9), op=hvd.Sum),
+}
+
+
+def main(directory, variant="powersgd"):
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf_keras.utils.set_random_seed(0)
     model = tf_keras.Sequential([tf_keras.layers.Dense(32, activation="relu", input_shape=(16,)),
                                  tf_keras.layers.Dense(4)])
     optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9),
-                                         compression=hvd.Compression.powersgd(2, 1, min_compression_rate=0),
-                                         window_steps=4, interval=1, verify_levels=True)
+                                         window_steps=4, interval=1, verify_levels=True, **VARIANTS[variant])
     model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     log = open(os.path.join(directory, f"worker.{os.getpid()}.jsonl"), "a", buffering=1)
@@ -91,4 +100,4 @@ def main(directory):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
