@@ -47,3 +47,24 @@ def test_the_gpu_flag_joins_the_horovod_build_and_its_cache_key():
     flags = re.search(r'^BUILD_FLAGS="(.*)"$', script, re.M).group(1)
     assert flags.endswith("${HOROVOD_GPU_OPERATIONS:+ HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS}"), flags
     assert "$BUILD_FLAGS" in script.split("key=", 1)[1].split("PYEOF", 2)[1], "the flags must key the wheel cache"
+
+
+def test_the_cpu_image_takes_its_base_as_an_argument_and_the_cpu_torch():
+    cpu = (REPO / "docker" / "Dockerfile.cpu").read_text()
+    # Users get the official base by default; scripts/local_base_image.sh builds a stand-in for it.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", cpu, re.M), "the default base changed"
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", cpu, re.M)
+    # PyPI's torch for Linux is the CUDA build: the CPU image takes the CPU build of the same pin.
+    assert re.search(r"^ARG PIP_EXTRA_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", cpu, re.M)
+    assert "TORCH_SPEC" not in cpu, "the CPU image installs setup.sh's own pins"
+
+
+def test_make_image_mounts_the_host_wheel_cache_where_the_image_looks_for_it():
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^image:", makefile, re.M) and re.search(r"^test-image:", makefile, re.M)
+    build = (REPO / "scripts" / "build_image.sh").read_text()
+    assert '-v "$CACHE:/opt/cache"' in build and "--isolation chroot" in build
+    for dockerfile in DOCKERFILES:
+        assert "HOROVOD_ACCORDION_CACHE=/opt/cache" in dockerfile.read_text(), dockerfile.name
+    base = (REPO / "scripts" / "local_base_image.sh").read_text()
+    assert "debootstrap --variant=minbase" in base and "buildah from scratch" in base and "python3-venv" in base
