@@ -11,6 +11,7 @@ import horovod.tensorflow as hvd
 
 from horovod_accordion.arguments import under_elastic
 from horovod_accordion.compression import matrix_shape
+from horovod_accordion.process_sets import HorovodProcessSetOps
 
 __all__ = ["TensorFlowOps"]
 
@@ -27,7 +28,10 @@ class _Done:
         return self.output
 
 
-class TensorFlowOps:
+class TensorFlowOps(HorovodProcessSetOps):
+    horovod_module = hvd
+    as_tensor = staticmethod(tf.constant)
+
     def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, name_prefix="accordion"):
         self.process_set = process_set
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -194,10 +198,7 @@ class TensorFlowOps:
         as a number would stay the old world's (TopK's wire way, the allgather's rows, Sum)."""
         if under_elastic():
             return hvd.size_op(process_set_id=self.process_set.process_set_id)
-        return self.process_set.size()
-
-    def rank(self):
-        return self.process_set.rank()
+        return super().size()
 
     def wire_dtype(self, tensor):
         return _WIRE_DTYPES.get(tensor.dtype, tensor.dtype).name
@@ -241,18 +242,6 @@ class TensorFlowOps:
         self._count(flat)
         gathered = hvd.allgather(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Done(tf.reshape(gathered, [self.size(), -1]))
-
-    # The cross-rank checks, eager. Their names are fixed, not this exchange's prefix: they run
-    # where the ranks may disagree on the layer names that the prefix is made of.
-    def broadcast_object(self, value):
-        """The first rank of the process set's ``value``, on every rank."""
-        root = self.process_set.ranks[0] if self.process_set.ranks else 0
-        return hvd.broadcast_object(value, root_rank=root, process_set=self.process_set, name="accordion.signature")
-
-    def sum_over_ranks(self, count):
-        total = hvd.allreduce(tf.constant([count]), op=hvd.Sum, name="accordion.signature.check",
-                              process_set=self.process_set)
-        return int(total.numpy()[0])
 
     def _count(self, tensor):
         self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)

@@ -5,6 +5,7 @@ collectives on top of the shared torch tensor maths (``horovod_accordion.torch_t
 import torch
 import horovod.torch as hvd
 
+from horovod_accordion.process_sets import HorovodProcessSetOps
 from horovod_accordion.torch.compression import NoneCompressor
 from horovod_accordion.torch_tensors import TorchTensorOps
 
@@ -21,7 +22,10 @@ class _Pending:
         return self.finish(hvd.synchronize(self.handle))
 
 
-class TorchOps(TorchTensorOps):
+class TorchOps(HorovodProcessSetOps, TorchTensorOps):
+    horovod_module = hvd
+    as_tensor = staticmethod(torch.tensor)
+
     def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, device="cpu",
                  name_prefix="accordion"):
         super().__init__(device)
@@ -30,12 +34,6 @@ class TorchOps(TorchTensorOps):
         self.name_prefix = name_prefix  # Horovod matches collectives by name: see ``collective_prefix``
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
-    def size(self):
-        return self.process_set.size()
-
-    def rank(self):
-        return self.process_set.rank()
-
     def start_allreduce_mean(self, flat, name, compression=None):
         """Start Horovod's asynchronous allreduce; the result's ``wait()`` gives the average."""
         compression = compression or NoneCompressor
@@ -54,15 +52,3 @@ class TorchOps(TorchTensorOps):
         self.bytes_sent += flat.numel() * flat.element_size()
         handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Pending(handle, lambda gathered: gathered.view(self.size(), -1))
-
-    # The cross-rank checks. Their names are fixed, not this exchange's prefix: they run where
-    # the ranks may disagree on the layer names that the prefix is made of.
-    def broadcast_object(self, value):
-        """The first rank of the process set's ``value``, on every rank."""
-        root = self.process_set.ranks[0] if self.process_set.ranks else 0
-        return hvd.broadcast_object(value, root_rank=root, process_set=self.process_set, name="accordion.signature")
-
-    def sum_over_ranks(self, count):
-        total = hvd.allreduce(torch.tensor([count]), op=hvd.Sum, name="accordion.signature.check",
-                              process_set=self.process_set)
-        return int(total.item())

@@ -1,0 +1,29 @@
+"""What the Horovod backends of torch and TensorFlow share: a Horovod process set's rank and size,
+and the cross-rank checks, over the framework's Horovod module (``horovod_module``) and tensor
+constructor (``as_tensor``), which each backend names. Imports no framework."""
+
+__all__ = ["HorovodProcessSetOps"]
+
+
+class HorovodProcessSetOps:
+    horovod_module = None  # horovod.torch or horovod.tensorflow
+    as_tensor = None  # torch.tensor or tf.constant
+
+    def size(self):
+        return self.process_set.size()
+
+    def rank(self):
+        return self.process_set.rank()
+
+    # Their names are fixed, not this exchange's prefix: they run where the ranks may disagree on
+    # the layer names that the prefix is made of. Eager, blocking.
+    def broadcast_object(self, value):
+        """The first rank of the process set's ``value``, on every rank."""
+        root = self.process_set.ranks[0] if self.process_set.ranks else 0
+        return self.horovod_module.broadcast_object(value, root_rank=root, process_set=self.process_set,
+                                                    name="accordion.signature")
+
+    def sum_over_ranks(self, count):
+        total = self.horovod_module.allreduce(self.as_tensor([count]), op=self.horovod_module.Sum,
+                                              name="accordion.signature.check", process_set=self.process_set)
+        return int(total.numpy()[0])
