@@ -102,11 +102,12 @@ class BucketedExchange:
         self.accordion.check_compatible(saved["schedule"])
         _check_same_shapes(shared, saved["reducer"])
         mine = saved["per_rank"]
-        if self._owns(mine, own):
+        if self._resolve_own(mine, own):
             _check_same_shapes(dict(per_rank, accumulated=dict(enumerate(self.accumulated))),
                                dict(mine["reducer"], accumulated=dict(enumerate(mine["accumulated"]))))
 
-    def _owns(self, mine, own):
+    def _resolve_own(self, mine, own):
+        """``own``, or by default whether ``mine`` was saved on this rank at this world size."""
         return (mine["rank"], mine["size"]) == (self.ops.rank(), self.ops.size()) if own is None else own
 
     def load_state_dict(self, saved, own=None):
@@ -117,7 +118,7 @@ class BucketedExchange:
         self.check_compatible(saved, own)
         shared, per_rank = split_state(self.reducer)
         mine = saved["per_rank"]
-        own = self._owns(mine, own)
+        own = self._resolve_own(mine, own)
         self.accordion.load_state_dict(saved["schedule"])
         self.ops.import_state(shared, saved["reducer"])
         if own:

@@ -147,13 +147,15 @@ class DenseReducer(_Reducer):
     def __init__(self, shapes, compression, ops):
         self.compression = compression
         self.ops = ops
+        # As Horovod's optimizer and tape: one process has nothing to average with (unless
+        # elastic, where the world may grow).
+        self.may_skip_alone = not under_elastic()
 
     def set_levels(self, levels):
         pass
 
     def phases(self, layers, grads, name):
-        if not under_elastic() and self.ops.size() == 1:
-            # As Horovod's optimizer and tape: one process has nothing to average with.
+        if self.may_skip_alone and self.ops.size() == 1:
             yield
             return dict(zip(layers, grads))
         pending = self.ops.start_allreduce_means(grads, f"dense{name}", self.compression)

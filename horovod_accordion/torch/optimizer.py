@@ -374,27 +374,31 @@ def _broadcast_state(state, root_rank, process_set, device):
     the root kept it there); only the rest is pickled, so no rank unpickles a tensor onto the
     root's GPU."""
     root = hvd.rank() == root_rank
-    slots = []
-    if root:
-        state = _map_leaves(state, torch.Tensor, lambda tensor: slots.append((tensor, _TensorSlot(tensor))) or slots[-1][1])
-    skeleton = hvd.broadcast_object(state if root else None, root_rank=root_rank, name="accordion.optimizer_state",
-                                    process_set=process_set)
-    if not root:
-        _map_leaves(skeleton, _TensorSlot, lambda slot: slots.append((None, slot)))
+    sent = []
 
-    def buffer(tensor, slot):
+    def to_slot(tensor):
+        sent.append(tensor)
+        return _TensorSlot(tensor)
+
+    skeleton = hvd.broadcast_object(_map_leaves(state, torch.Tensor, to_slot) if root else None,
+                                    root_rank=root_rank, name="accordion.optimizer_state", process_set=process_set)
+    buffers = []
+
+    def to_buffer(slot):
+        """Every rank walks the skeleton in the same order, so the k-th buffer is the root's k-th tensor."""
         where = "cpu" if slot.on_cpu else device
-        if tensor is None:
-            return torch.empty(slot.shape, dtype=slot.dtype, device=where)
-        return tensor.to(where, copy=True).contiguous()  # a copy: state_dict() hands out the live tensors
+        if root:  # a copy: state_dict() hands out the live tensors
+            buffers.append(sent[len(buffers)].to(where, copy=True).contiguous())
+        else:
+            buffers.append(torch.empty(slot.shape, dtype=slot.dtype, device=where))
+        return buffers[-1]
 
-    buffers = [buffer(tensor, slot) for tensor, slot in slots]
-    handles = [hvd.broadcast_async_(buffer, root_rank, name=f"accordion.optimizer_state.{k}", process_set=process_set)
-               for k, buffer in enumerate(buffers)]
+    received = _map_leaves(skeleton, _TensorSlot, to_buffer)
+    handles = [hvd.broadcast_async_(tensor, root_rank, name=f"accordion.optimizer_state.{k}", process_set=process_set)
+               for k, tensor in enumerate(buffers)]
     for handle in handles:
         hvd.synchronize(handle)
-    received = iter(buffers)
-    return _map_leaves(skeleton, _TensorSlot, lambda slot: next(received))
+    return received
 
 
 def _on_gradient_accumulated(optimizer_ref, layer, _parameter):
