@@ -5,5 +5,5 @@ and ``horovod_accordion.keras``; this top-level package imports no framework.
 """
 from horovod_accordion.detector import RegimeDetector
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["RegimeDetector"]

@@ -1,0 +1,207 @@
+"""Build, cache and install the patched Horovod that horovod_accordion runs on.
+
+    python -m horovod_accordion.install_horovod        # or: horovod-accordion-install-horovod
+
+PyPI's horovod 0.28.1 sdist does not build against torch >= 2.1 or TF >= 2.16, and no newer
+Horovod has been released. This downloads that sdist, applies the edits in
+``horovod_patches.json`` (each must match exactly once, so a different sdist stops here
+instead of twenty minutes later in the compiler), and builds a wheel for the frameworks and
+controllers of the running environment: PyTorch and TensorFlow where importable, Gloo always,
+MPI where ``mpicc`` is found, and ``HOROVOD_GPU_OPERATIONS`` (e.g. ``NCCL``) when set.
+
+The wheel is cached (``--cache``, ``$HOROVOD_ACCORDION_CACHE``, ``~/.cache/horovod_accordion``)
+under a key of everything that changes its binary: Horovod, the patches, Python, the machine,
+the controllers, the GPU operations and each framework's version. A cached wheel built for
+more frameworks than this environment has, at the same versions, is reused: its extra
+framework's extension is simply never loaded. Then ``horovodrun --check-build`` must list
+every framework and controller that was asked for.
+"""
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.resources
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+PATCHES = importlib.resources.files("horovod_accordion") / "horovod_patches.json"
+# The names `horovodrun --check-build` prints.
+FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
+FRAMEWORK_DISTRIBUTIONS = {"torch": ["torch"], "tensorflow": ["tensorflow", "tensorflow-cpu"]}
+
+
+def log(message):
+    print(f"install_horovod: {message}", flush=True)
+
+
+def fail(message):
+    sys.exit(f"install_horovod: {message}")
+
+
+def installed_version(distributions):
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def describe_build(gpu_operations):
+    """What the wheel for this environment is built from and for: its cache key's contents."""
+    patches = json.loads(PATCHES.read_text())
+    frameworks = {name: version for name, dists in FRAMEWORK_DISTRIBUTIONS.items()
+                  if (version := installed_version(dists)) is not None}
+    if not frameworks:
+        fail("neither torch nor tensorflow is installed here: install horovod_accordion[torch] or "
+             "horovod_accordion[tensorflow] first, then run this again")
+    return {
+        "horovod": patches["horovod"],
+        "patches": hashlib.sha256(PATCHES.read_bytes()).hexdigest(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "controllers": ["gloo", "mpi"] if shutil.which("mpicc") else ["gloo"],
+        "gpu_operations": gpu_operations or None,
+        "frameworks": frameworks,
+    }
+
+
+def cache_key(build):
+    return hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def serves(cached, build):
+    """Whether a wheel built as ``cached`` runs here: the same build, for at least our frameworks."""
+    same = all(cached.get(field) == value for field, value in build.items() if field != "frameworks")
+    frameworks = cached.get("frameworks", {})
+    return same and all(frameworks.get(name) == version for name, version in build["frameworks"].items())
+
+
+def find_cached_wheel(cache, build):
+    """The cached wheel for ``build``: its own key's first, else one built for more frameworks."""
+    wheels = cache / "wheels"
+    own = wheels / f"horovod-{build['horovod']}-{cache_key(build)}"
+    for entry in [own, *sorted(wheels.glob(f"horovod-{build['horovod']}-*"))]:
+        description = entry / "build.json"
+        if description.is_file() and serves(json.loads(description.read_text()), build):
+            found = sorted(entry.glob("horovod-*.whl"))
+            if found:
+                return found[0]
+    return None
+
+
+def cmake_3():
+    """A CMake 3.x: Gloo's cmake_minimum_required is rejected by CMake 4 (PyPI's cmake wheel)."""
+    for candidate in [shutil.which("cmake"), "/usr/bin/cmake", "/usr/local/bin/cmake"]:
+        if candidate and os.access(candidate, os.X_OK):
+            output = subprocess.run([candidate, "--version"], capture_output=True, text=True).stdout
+            if re.match(r"cmake version 3\.", output):
+                return candidate
+    fail("Horovod 0.28.1 needs CMake 3.x (Gloo does not configure with CMake 4); on Debian or "
+         "Ubuntu: apt-get install cmake")
+
+
+def apply_patches(source):
+    for edit in json.loads(PATCHES.read_text())["edits"]:
+        path = source / edit["file"]
+        text = path.read_text()
+        count = text.count(edit["old"])
+        if count != 1:
+            fail(f"expected one {edit['old']!r} in {path}, found {count}: not the sdist these patches "
+                 f"were made for")
+        path.write_text(text.replace(edit["old"], edit["new"]))
+        log(f"patched {edit['file']}: {edit['why']}")
+
+
+def build_flags(build):
+    def switch(name, on):
+        return {f"HOROVOD_WITH{'' if on else 'OUT'}_{name}": "1"}
+
+    flags = {"HOROVOD_WITHOUT_MXNET": "1", **switch("PYTORCH", "torch" in build["frameworks"]),
+             **switch("TENSORFLOW", "tensorflow" in build["frameworks"]),
+             **switch("MPI", "mpi" in build["controllers"]), **switch("GLOO", True)}
+    if build["gpu_operations"]:
+        flags["HOROVOD_GPU_OPERATIONS"] = build["gpu_operations"]
+    return flags
+
+
+def build_wheel(build, destination):
+    """Download, patch and compile Horovod; the wheel lands in ``destination``."""
+    env = dict(os.environ, **build_flags(build))
+    env["PATH"] = os.pathsep.join([str(pathlib.Path(cmake_3()).parent), env.get("PATH", "")])
+    env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
+    if "tensorflow" in build["frameworks"]:
+        # TF's wheel keeps highwayhash and farmhash under include/external/, where Horovod's
+        # sources do not look.
+        include = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.sysconfig.get_include())"],
+                                 capture_output=True, text=True, check=True, env=dict(env, TF_CPP_MIN_LOG_LEVEL="3"))
+        include = include.stdout.strip().splitlines()[-1]
+        extra = [f"{include}/external/highwayhash", f"{include}/external/farmhash_archive/src"]
+        env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(extra + [env["CPLUS_INCLUDE_PATH"]] * ("CPLUS_INCLUDE_PATH" in env))
+    with tempfile.TemporaryDirectory() as work:
+        work = pathlib.Path(work)
+        pip = [sys.executable, "-m", "pip"]
+        subprocess.run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(work),
+                        f"horovod=={build['horovod']}"], check=True)
+        with tarfile.open(work / f"horovod-{build['horovod']}.tar.gz") as sdist:
+            # Python < 3.11.4 (Debian 12's 3.11.2) has no extraction filters.
+            sdist.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        source = work / f"horovod-{build['horovod']}"
+        apply_patches(source)
+        log(f"compiling with {' '.join(f'{k}={v}' for k, v in sorted(build_flags(build).items()))} "
+            f"(10-25 minutes on 2 cores)")
+        subprocess.run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(work / "wheel"), str(source)],
+                       check=True, env=env)
+        destination.mkdir(parents=True, exist_ok=True)
+        wheel = next((work / "wheel").glob("horovod-*.whl"))
+        shutil.move(str(wheel), destination / wheel.name)
+    (destination / "build.json").write_text(json.dumps(build, indent=1, sort_keys=True) + "\n")
+    return destination / wheel.name
+
+
+def check_build(build):
+    """``horovodrun --check-build`` must list every framework and controller of ``build``."""
+    horovodrun = pathlib.Path(sys.executable).parent / "horovodrun"
+    output = subprocess.run([str(horovodrun), "--check-build"], capture_output=True, text=True).stdout
+    print(output, flush=True)
+    wanted = [FEATURE_NAMES[name] for name in [*build["frameworks"], *build["controllers"]]]
+    missing = [feature for feature in wanted if not re.search(rf"\[X\] {feature}\s*$", output, re.M)]
+    if missing:
+        fail(f"horovodrun --check-build does not list {', '.join(missing)}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m horovod_accordion.install_horovod", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path(os.environ.get(
+        "HOROVOD_ACCORDION_CACHE", pathlib.Path.home() / ".cache" / "horovod_accordion")))
+    parser.add_argument("--gpu-operations", default=os.environ.get("HOROVOD_GPU_OPERATIONS"),
+                        help="e.g. NCCL (default: $HOROVOD_GPU_OPERATIONS; none: a CPU build)")
+    parser.add_argument("--rebuild", action="store_true", help="compile even when a cached wheel fits")
+    args = parser.parse_args(argv)
+
+    build = describe_build(args.gpu_operations)
+    wheel = None if args.rebuild else find_cached_wheel(args.cache, build)
+    marker = pathlib.Path(sys.prefix) / ".horovod-wheel"
+    if wheel is None:
+        log(f"no cached wheel for {json.dumps(build['frameworks'])} under {args.cache}; building one")
+        wheel = build_wheel(build, args.cache / "wheels" / f"horovod-{build['horovod']}-{cache_key(build)}")
+    elif installed_version(["horovod"]) == build["horovod"] and marker.is_file() and marker.read_text() == str(wheel):
+        log(f"Horovod {build['horovod']} from {wheel} is already installed")
+        check_build(build)
+        return
+    log(f"installing {wheel}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", str(wheel)], check=True)
+    marker.write_text(str(wheel))
+    check_build(build)
+
+
+if __name__ == "__main__":
+    main()

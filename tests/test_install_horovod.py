@@ -1,0 +1,71 @@
+"""The packaged Horovod installer's decisions: which cached wheel fits, what joins the key, and
+patches that must match exactly once. The build itself runs in `make setup` (scripts/setup.sh),
+and the whole install path a user takes in tests/test_release.py."""
+import json
+
+import pytest
+
+from horovod_accordion import install_horovod
+
+BUILD = {"horovod": "0.28.1", "patches": "p", "python": "3.11.7", "machine": "x86_64",
+         "controllers": ["gloo", "mpi"], "gpu_operations": None,
+         "frameworks": {"torch": "2.13.0+cpu"}}
+
+
+def cache_entry(cache, build, name=None):
+    entry = cache / "wheels" / f"horovod-0.28.1-{name or install_horovod.cache_key(build)}"
+    entry.mkdir(parents=True)
+    (entry / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+    (entry / "build.json").write_text(json.dumps(build))
+    return entry
+
+
+def test_a_wheel_built_for_more_frameworks_at_the_same_versions_serves_a_torch_only_environment(tmp_path):
+    both = dict(BUILD, frameworks={"torch": "2.13.0+cpu", "tensorflow": "2.21.0"})
+    entry = cache_entry(tmp_path, both)
+    assert install_horovod.find_cached_wheel(tmp_path, BUILD).parent == entry
+
+
+@pytest.mark.parametrize("change", [
+    {"frameworks": {"torch": "2.12.0"}},
+    {"gpu_operations": "NCCL"},
+    {"controllers": ["gloo"]},
+    {"python": "3.11.2"},
+    {"patches": "other"},
+])
+def test_a_wheel_built_otherwise_is_not_reused(tmp_path, change):
+    cache_entry(tmp_path, dict(BUILD, **change))
+    assert install_horovod.find_cached_wheel(tmp_path, BUILD) is None
+
+
+def test_the_environment_s_own_key_comes_first(tmp_path):
+    cache_entry(tmp_path, dict(BUILD, frameworks={"torch": "2.13.0+cpu", "tensorflow": "2.21.0"}), name="0" * 16)
+    own = cache_entry(tmp_path, BUILD)
+    assert install_horovod.find_cached_wheel(tmp_path, BUILD).parent == own
+
+
+def test_the_gpu_operations_join_the_build_flags_and_the_key():
+    nccl = dict(BUILD, gpu_operations="NCCL")
+    assert install_horovod.build_flags(nccl)["HOROVOD_GPU_OPERATIONS"] == "NCCL"
+    assert "HOROVOD_GPU_OPERATIONS" not in install_horovod.build_flags(BUILD)
+    assert install_horovod.cache_key(nccl) != install_horovod.cache_key(BUILD)
+    flags = install_horovod.build_flags(BUILD)
+    assert flags["HOROVOD_WITH_PYTORCH"] == flags["HOROVOD_WITHOUT_TENSORFLOW"] == flags["HOROVOD_WITH_MPI"] == "1"
+
+
+def test_each_patch_must_match_exactly_once(tmp_path):
+    edits = json.loads(install_horovod.PATCHES.read_text())["edits"]
+    for edit in edits:
+        path = tmp_path / edit["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(path.read_text() + edit["old"] + "\n" if path.exists() else edit["old"] + "\n")
+    install_horovod.apply_patches(tmp_path)
+    for edit in edits:
+        assert edit["new"] in (tmp_path / edit["file"]).read_text()
+    with pytest.raises(SystemExit, match="expected one"):
+        install_horovod.apply_patches(tmp_path)  # patched already: the old text is gone
+
+
+def test_the_patches_ship_in_the_package():
+    patches = json.loads(install_horovod.PATCHES.read_text())
+    assert patches["horovod"] == "0.28.1" and all(edit["why"] for edit in patches["edits"])
