@@ -12,6 +12,8 @@ import argparse
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TensorFlow's C++ start-up lines (oneDNN, CUDA probing): about a dozen per rank otherwise.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402

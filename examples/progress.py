@@ -1,9 +1,44 @@
-"""The examples' progress bar (tqdm on rank 0 only, with loss, MB sent and the levels now) and check reports."""
+"""The examples' progress (rank 0 only, with loss, MB sent and the levels now) and check reports.
+
+A tqdm bar where stderr is a terminal; under ``horovodrun`` or ``torchrun``, which pipe it and
+prefix each chunk with the rank, a bar's carriage-return updates arrive garbled, so there it is
+one plain line per epoch on stdout instead.
+"""
+import sys
+
 from tqdm import tqdm
 
 
-def epochs_bar(epochs, rank, desc="train"):
-    return tqdm(range(epochs), desc=desc, unit="epoch", disable=rank != 0)
+class EpochLines:
+    """The part of tqdm's interface the examples use, printing one line per finished epoch."""
+
+    def __init__(self, epochs, desc, enabled):
+        self.epochs, self.desc, self.enabled = epochs, desc, enabled
+        self.postfix = {}
+
+    def __iter__(self):
+        for epoch in range(self.epochs):
+            yield epoch
+            if self.enabled:
+                fields = "  ".join(f"{key} {value}" for key, value in self.postfix.items())
+                print(f"{self.desc}: epoch {epoch + 1}/{self.epochs}  {fields}".rstrip(), flush=True)
+
+    def set_postfix(self, ordered_dict=None, **fields):
+        self.postfix = {**(ordered_dict or {}), **fields}
+
+    @staticmethod
+    def write(line):
+        print(line, flush=True)
+
+    def close(self):
+        pass
+
+
+def epochs_bar(epochs, rank, desc="train", enabled=True):
+    """Iterate over the epochs with progress shown on rank 0 (none at all if not ``enabled``)."""
+    if sys.stderr.isatty():
+        return tqdm(range(epochs), desc=desc, unit="epoch", disable=rank != 0 or not enabled)
+    return EpochLines(epochs, desc, enabled and rank == 0)
 
 
 def show(bar, loss, bytes_sent=None, levels=None):

@@ -126,9 +126,10 @@ class Accordion:
         ratios = self.detector.last_ratios
         if not self.detector.per_layer:
             ratios = ratios * len(self.layer_names)
+        # The window's highest rate, so that a log without epoch records still plots its schedule.
         self.log.record_check(
             self.step, window, zip(self.layer_names, self.levels),
-            zip(self.layer_names, ratios), zip(self.layer_names, norms),
+            zip(self.layer_names, ratios), zip(self.layer_names, norms), lr=self.detector.lr_previous_window,
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
 

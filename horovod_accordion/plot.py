@@ -40,6 +40,14 @@ def _time_axis(records):
     return "step", lambda r: r["step"]
 
 
+def learning_rates(records, when):
+    """``[(time, lr)]``: the epochs' rates, or without epoch records (an optimizer's or DDP
+    state's own log), the rates its checks and decay events saw."""
+    epochs = [r for r in records if r["event"] == "epoch"]
+    events = epochs or [r for r in records if r["event"] in ("check", "lr_decay") and r.get("lr") is not None]
+    return sorted((when(r), r["lr"]) for r in events)
+
+
 def _varying_layer(checks):
     names = list(checks[0]["levels"])
     for name in names:
@@ -77,8 +85,8 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
         ax.set_xlabel(axis)
         ax.set_ylabel(f"accumulated-gradient norm, {layer}")
         ax.set_title("critical regimes (shaded: ℓ_low)")
-        lrs = [(when(r), r["lr"]) for r in (epochs or [r for r in records if r["event"] == "lr_decay"])]
-        if lrs:
+        lrs = learning_rates(records, when)
+        if len(lrs) > 1:
             twin = ax.twinx()
             twin.step(*zip(*lrs), where="post", color="tab:green", label="learning rate")
             twin.set_ylabel("learning rate")

@@ -11,14 +11,14 @@ from tests.conftest import REPO, free_port, worker_env
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
 
-def run_example(script, *args, timeout=300, launcher="horovodrun"):
+def run_example(script, *args, timeout=300, launcher="horovodrun", env=None):
     """``launcher="torchrun"``: 2 plain torch.distributed processes, where Horovod cannot be imported."""
     if launcher == "torchrun":
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                    "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-        env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}"})
+        env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}", **(env or {})})
     else:
-        command, env = [HOROVODRUN, "-np", "2", "--gloo", sys.executable], worker_env()
+        command, env = [HOROVODRUN, "-np", "2", "--gloo", sys.executable], worker_env(env)
     result = subprocess.run([*command, script, *args], cwd=REPO / "examples", env=env, capture_output=True,
                             text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -100,3 +100,17 @@ def test_ddp_example_with_every_compression(compression):
     output = run_example("ddp_accordion.py", "--epochs", "3", "--compression", compression, launcher="torchrun")
     assert f"{compression}: test accuracy" in output, output
     assert ("kB sent per rank" in output) == (compression != "none"), output
+
+
+@pytest.mark.multiworker
+def test_under_horovodrun_progress_is_one_plain_line_per_epoch_and_no_progress_keeps_the_result():
+    """horovodrun pipes stderr and prefixes each chunk, so a tqdm bar arrived as garbled
+    carriage-return fragments; and --no-progress used to print nothing at all."""
+    args = ["--dataset", "digits", "--model", "mlp", "--epochs", "2", "--compression", "powersgd",
+            "--levels", "2", "1"]
+    output = run_example("pytorch_train.py", *args)
+    assert "\r" not in output and "it/s" not in output, output
+    assert len(re.findall(r"<stdout>:train: epoch [12]/2  loss [0-9.]+  acc [0-9.]+  MB [0-9.]+  levels ", output)) == 2
+    quiet = run_example("pytorch_train.py", *args, "--no-progress")
+    assert "train: epoch" not in quiet
+    assert re.search(r"<stdout>:\[rank 0\] powersgd: test accuracy [0-9.]+ %, [0-9.]+ MB sent per rank", quiet), quiet

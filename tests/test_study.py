@@ -90,3 +90,13 @@ def test_study_smoke_summarizes_and_resumes(tmp_path):
     finished.write_text("\n".join(lines[:-1]) + "\n")  # as if the job died before its last line
     assert "runs to do: 1" in study()
     assert json.loads(finished.read_text().splitlines()[-1])["event"] == "done"
+
+
+def test_a_log_without_epochs_plots_the_rates_its_checks_and_decays_saw():
+    """The DDP example's norm.png had an empty learning-rate axis: its log has no epoch
+    records, and one decay event alone is not a schedule."""
+    from horovod_accordion.plot import learning_rates
+    records = [{"event": "check", "step": 10, "lr": 0.1}, {"event": "check", "step": 30, "lr": 0.1},
+               {"event": "lr_decay", "step": 41, "lr": 0.01}, {"event": "check", "step": 50, "lr": 0.01},
+               {"event": "step", "step": 51}]
+    assert learning_rates(records, lambda r: r["step"]) == [(10, 0.1), (30, 0.1), (41, 0.01), (50, 0.01)]

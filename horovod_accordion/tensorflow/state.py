@@ -36,18 +36,18 @@ class AccordionState(tf.Module):
             order on every rank.
         compression: ``Compression.powersgd(low_rank, high_rank)``, ``Compression.topk(...)``,
             or a plain ``Compression.none`` / ``Compression.fp16``.
-        op, gradient_predivide_factor, sparse_as_dense, process_set: as in Horovod.
-        eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm, verify_levels,
-        log_path, tensorboard_dir: as in
-            ``horovod_accordion.torch.DistributedOptimizer``. Windows are epochs closed by
-            ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
-        backward_passes_per_step, average_aggregated_gradients: as in Horovod's Keras optimizer:
-            gradients are summed (or averaged) locally over this many ``apply_gradients``
-            calls, with ``add_micro_batch``, and exchanged once, by ``reduce_pending``, when
-            ``count_backward_pass`` says the step is complete.
         batch_switch: a ``BatchSwitch``: switch the batch size instead of the compression
             level. Micro-batches are added with ``add_micro_batch`` and reduced together by
             ``reduce_pending`` when ``apply_now`` (set by ``begin_micro_batch``) is true.
+
+    ``op``, ``gradient_predivide_factor``, ``sparse_as_dense`` and ``process_set`` are Horovod's.
+    ``backward_passes_per_step`` and ``average_aggregated_gradients`` are as in Horovod's Keras
+    optimizer: gradients are summed (or averaged) locally over this many ``apply_gradients``
+    calls, with ``add_micro_batch``, and exchanged once, by ``reduce_pending``, when
+    ``count_backward_pass`` says the step is complete. ``eta``, ``interval``, ``window_steps``,
+    ``per_layer``, ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``,
+    ``log_path`` and ``tensorboard_dir`` are as in ``horovod_accordion.torch.DistributedOptimizer``;
+    windows are epochs closed by ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
     """
 
     def __init__(self, variables, compression, op=hvd.Average, gradient_predivide_factor=1.0,

@@ -1,0 +1,40 @@
+"""The getting-started scripts run as written: each page's tested block (docs/getting-started/
+torch.md, keras.md, tensorflow.md) on 2 Gloo ranks, switching from ℓ_low to ℓ_high. The
+README.md shows two of them, and must show them unchanged."""
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+from tests.test_docs import code_blocks
+
+PAGES = ["torch", "keras", "tensorflow"]
+HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
+
+
+def script_of(page):
+    [code] = [code for marker, _, code in code_blocks(page) if marker.startswith("test: tests/test_snippets.py")]
+    return code
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("name", PAGES)
+def test_the_getting_started_script_switches_levels_when_run_as_written(name, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(script_of(REPO / "docs" / "getting-started" / f"{name}.md"))
+    result = subprocess.run([HOROVODRUN, "-np", "2", "--gloo", sys.executable, str(script)], cwd=tmp_path,
+                            env=worker_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    levels = re.findall(r"<stdout>:epoch \d+: PowerSGD rank per layer \[([\d, ]+)\]", result.stdout)
+    assert len(levels) == 8 and set(levels[0].split(", ")) == {"2"} and set(levels[-1].split(", ")) == {"1"}, \
+        result.stdout
+
+
+def test_the_readme_shows_the_getting_started_scripts_unchanged():
+    readme = [code for marker, _, code in code_blocks(REPO / "README.md") if marker.startswith("test:")]
+    pages = [script_of(REPO / "docs" / "getting-started" / f"{name}.md") for name in ("torch", "keras")]
+    assert readme == pages
