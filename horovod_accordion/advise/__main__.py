@@ -1,0 +1,126 @@
+"""``python -m horovod_accordion.advise``: will compression make my training faster?
+
+    python -m horovod_accordion.advise --model resnet18-cifar --workers 4,16,64 --link 10gbit,100gbit
+    python -m horovod_accordion.advise --profile benchmarks/results/profiles/resnet18-cifar_cpu.json \\
+        --workers 4,16,64 --link 10gbit,100gbit          # offline, from a saved profile
+    python -m horovod_accordion.advise --model mypackage.models:make_model --input-shape 3,224,224 --batch 32
+"""
+
+import argparse
+import importlib
+import json
+import sys
+
+from horovod_accordion.advise.predict import low_fraction_from_study, predict
+from horovod_accordion.advise.report import plot, table, verdicts
+from horovod_accordion.advise.variants import LAYOUTS, parse_variant
+from horovod_accordion.advise.wire import parse_link
+
+DEFAULT_COMPRESSIONS = "none,fp16,powersgd:1,powersgd:4,topk:0.01,accordion:powersgd:4/1"
+
+
+def _numbers(text, kind=int):
+    return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def _profile(args, variants, workers):
+    """Measure the model on this device (the only path that imports torch)."""
+    import torch
+
+    from horovod_accordion.advise.models import KNOWN
+    from horovod_accordion.advise.profile import profile_model
+
+    if args.model in KNOWN:
+        factory, shape, batch = KNOWN[args.model]
+    elif ":" in args.model:
+        module, _, function = args.model.partition(":")
+        factory, shape, batch = getattr(importlib.import_module(module), function), None, None
+    else:
+        raise SystemExit(f"--model is one of {sorted(KNOWN)} or an importable factory module:function, "
+                         f"got {args.model!r}")
+    shape = tuple(_numbers(args.input_shape)) if args.input_shape else shape
+    batch = args.batch or batch
+    if shape is None or batch is None:
+        raise SystemExit("a model factory needs --input-shape (one sample, e.g. 3,224,224) and --batch")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    model = factory().to(device)
+    inputs = torch.randn(batch, *shape, device=device)
+    classes = model(inputs[:1]).shape[-1]
+    targets = torch.randint(0, classes, (batch,), device=device)
+    description = {"model": args.model, "input_shape": list(shape), "batch": batch,
+                   "command": "python -m horovod_accordion.advise " + " ".join(sys.argv[1:])}
+    return profile_model(model, inputs, targets, variants, sorted(set(workers + args.profile_workers)),
+                         repeats=args.repeats, description=description)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m horovod_accordion.advise", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="resnet18-cifar, or a factory module:function (with --input-shape, --batch)")
+    source.add_argument("--profile", help="predict offline from this saved JSON profile")
+    parser.add_argument("--input-shape", help="one sample's shape, e.g. 3,32,32")
+    parser.add_argument("--batch", type=int, help="batch per worker")
+    parser.add_argument("--device", default="cpu", help="where to profile: cpu or cuda")
+    parser.add_argument("--threads", type=int, help="torch threads while profiling (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of everything measured")
+    parser.add_argument("--save-profile", help="write the measured profile here")
+    parser.add_argument("--profile-workers", type=_numbers, default=[],
+                        help="more world sizes to record in a saved profile")
+    parser.add_argument("--compressions", default=DEFAULT_COMPRESSIONS,
+                        help="none, fp16, powersgd:R, topk:F, accordion:powersgd:LOW/HIGH, accordion:topk:LOW/HIGH")
+    parser.add_argument("--workers", type=_numbers, default=[8, 64, 256])
+    parser.add_argument("--link", default="10gbit,25gbit,100gbit,400gbit", help="per-rank link rates")
+    parser.add_argument("--latency-us", type=float, default=5.0, help="latency per hop (α), microseconds")
+    parser.add_argument("--shared-by", type=int, default=1, help="ranks sharing one link (1 on a switched network)")
+    parser.add_argument("--algorithm", choices=["ring", "tree"], default="ring",
+                        help="allreduce algorithm; tree: NCCL's, with 2·log2(W) latency steps")
+    parser.add_argument("--layout", choices=LAYOUTS, default="horovod",
+                        help="our Horovod optimizer's buckets, or DDP's (our DDP hook)")
+    parser.add_argument("--low-fraction", default="0.5",
+                        help="Accordion's fraction of steps at ℓ_low: a number, or study:PATH/summary.json")
+    parser.add_argument("--check-every", type=int, default=1, help="steps per Accordion check (window_steps·interval)")
+    parser.add_argument("--png", default="advise.png", help="where to write the speedup plot")
+    args = parser.parse_args(argv)
+
+    variants = [parse_variant(text) for text in args.compressions.split(",")]
+    names = [v.name for v in variants]
+    if "none" not in names:
+        variants.insert(0, parse_variant("none"))
+        names.insert(0, "none")
+    links = [parse_link(text, args.latency_us * 1e-6, args.shared_by) for text in args.link.split(",")]
+    if args.profile:
+        with open(args.profile) as stream:
+            profile = json.load(stream)
+    else:
+        profile = _profile(args, variants, args.workers)
+        if args.save_profile:
+            with open(args.save_profile, "w") as stream:
+                json.dump(profile, stream, indent=1)
+    results = {}
+    for variant in variants:
+        fraction = 0.0
+        if variant.adaptive:
+            family = type(variant.compression).__name__.lower()
+            fraction = low_fraction_from_study(args.low_fraction.removeprefix("study:"), family) \
+                if args.low_fraction.startswith("study:") else float(args.low_fraction)
+        for link in links:
+            for w in args.workers:
+                try:
+                    results[(link.name, w, variant.name)] = predict(
+                        profile, variant.name, args.layout, w, link, args.algorithm, fraction, args.check_every)
+                except KeyError as error:
+                    raise SystemExit(error.args[0]) from None
+    print(f"{profile.get('model')} on {profile.get('device')} ({profile.get('threads')} threads), batch "
+          f"{profile.get('batch')} per worker; {args.algorithm} collectives, {args.layout} buckets; milliseconds per "
+          f"step, the range from the profile's spread")
+    print(table(results, args.workers, links, names))
+    print()
+    print("\n".join(verdicts(results, args.workers, links, names)))
+    print(f"wrote {plot(results, args.workers, links, names, args.png)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""A profile's predicted step time per compression, world size and link, with its range.
+
+Every measured time in a profile is a list of repeats; the step is predicted three times,
+from every time's minimum, median and maximum, so the range is the measurement's own spread.
+Accordion's step is the mix of its two levels' steps, weighted by the fraction of steps at
+ℓ_low, plus its check (the norms' allreduce and the decision) once every ``check_every`` steps.
+"""
+
+import json
+import statistics
+
+from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
+from horovod_accordion.advise.wire import collective_seconds
+
+__all__ = ["STATISTICS", "predict", "low_fraction_from_study", "step_of"]
+
+STATISTICS = {"low": min, "median": statistics.median, "high": max}
+
+
+def _exchange(profile, variant, layout, workers):
+    try:
+        return profile["exchanges"][variant][layout][str(workers)]
+    except KeyError:
+        profiled = {name: {lay: sorted(map(int, ws)) for lay, ws in layouts.items()}
+                    for name, layouts in profile["exchanges"].items()}
+        raise KeyError(f"the profile has no exchange of {variant!r} in the {layout} layout on {workers} workers: "
+                       f"it has {profiled}; profile again with this compression and --workers") from None
+
+
+def step_of(profile, exchange, statistic):
+    """The ``Step`` of one profiled exchange, every time taken as ``statistic`` of its repeats."""
+    compute = profile["compute"]
+    ready = [statistic(samples) for samples in compute["layer_ready_s"]]
+    buckets = [Bucket(max(ready[i] for i in bucket["layers"]),
+                      [Segment(statistic(s["compute_s"]), [tuple(c) for c in s["collectives"]])
+                       for s in bucket["segments"]], bucket["fusable"])
+               for bucket in exchange["buckets"]]
+    return Step(statistic(compute["forward_s"]), statistic(compute["backward_s"]), buckets,
+                statistic(compute["optimizer_s"]))
+
+
+def predict(profile, variant, layout, workers, link, algorithm="ring", low_fraction=0.5, check_every=1):
+    """``{"low", "median", "high"}`` seconds per step of ``variant`` (a profiled name)."""
+    levels = _exchange(profile, variant, layout, workers)
+    weights = {"fixed": 1.0} if "fixed" in levels else {"low": low_fraction, "high": 1.0 - low_fraction}
+    if not 0 <= low_fraction <= 1:
+        raise ValueError(f"the fraction of steps at ℓ_low must be in [0, 1], got {low_fraction!r}")
+    predicted = {}
+    for name, statistic in STATISTICS.items():
+        total = 0.0
+        for key, weight in weights.items():
+            exchange = levels[key]
+            step = step_of(profile, exchange, statistic)
+            if key != "fixed":
+                check_wire = sum(collective_seconds(kind, size, workers, link, algorithm)
+                                 for kind, size in exchange["check_collectives"])
+                step.extra_s = (statistic(exchange["check_s"]) + check_wire) / check_every
+            total += weight * step_seconds(step, workers, link, algorithm)
+        predicted[name] = total
+    return predicted
+
+
+def low_fraction_from_study(path, family):
+    """The fraction of steps at ℓ_low in a study record (``benchmarks/study.py``'s summary.json):
+    where Accordion's bytes per rank fall between the fixed ℓ_low's and ℓ_high's. A byte-weighted
+    fraction: exact when a step's layers share one level."""
+    with open(path) as stream:
+        rows = {row["setting"]: row["bytes_per_rank_mean"] for row in json.load(stream)["rows"]
+                if row["family"] == family and row.get("variant", "default") == "default"}
+    missing = {"low", "high", "accordion"} - set(rows)
+    if missing:
+        raise ValueError(f"{path} has no {family} rows for {sorted(missing)}")
+    return (rows["accordion"] - rows["high"]) / (rows["low"] - rows["high"])

@@ -1,0 +1,105 @@
+"""The advisor (``python -m horovod_accordion.advise``): its bytes against our optimizer's, the
+wire model and the overlap schedule on hand-computed cases, and the CLI on a committed profile."""
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from horovod_accordion.advise.predict import predict
+from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
+from horovod_accordion.advise.wire import Link, collective_seconds, parse_link
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PROFILE = REPO / "benchmarks" / "results" / "profiles" / "resnet18-cifar_cpu_1thread.json"
+# 8 Mbit/s = 1 MB/s and 1 ms per hop: round numbers to compute by hand.
+SLOW = Link("8mbit", 8e6, latency_s=1e-3)
+
+
+@pytest.mark.multiworker
+def test_bytes_equal_the_optimizers_count_per_variant(launches):
+    pairs = launches("advise_checks", "gloo").check("check_bytes_per_variant")[0]
+    assert len(pairs) == 10
+    assert {name: real for name, (real, _) in pairs.items()} == {name: advised for name, (_, advised) in pairs.items()}
+    assert pairs["powersgd:1/fixed"][0] < pairs["powersgd:2/fixed"][0] < pairs["none/fixed"][0]
+
+
+def test_link_rates_parse_as_tc_writes_them():
+    assert parse_link("10gbit").bits_per_s == 10e9
+    assert parse_link("100mbit").bytes_per_s == 12.5e6
+    assert parse_link("1gbit", shared_by=2).bytes_per_s == 62.5e6
+    with pytest.raises(ValueError, match="10gbit"):
+        parse_link("10 GB/s")
+
+
+def test_ring_allreduce_and_allgather_by_hand():
+    # W = 4, 1 MB per rank: allreduce moves 2·3/4 MB in 2·3 steps; allgather 3 MB in 3 steps.
+    assert collective_seconds("allreduce", 1e6, 4, SLOW) == pytest.approx(6 * 1e-3 + 1.5)
+    assert collective_seconds("allgather", 1e6, 4, SLOW) == pytest.approx(3 * 1e-3 + 3.0)
+    # Tree: the same bandwidth term, 2·⌈log2 5⌉ = 6 latency steps instead of the ring's 8.
+    assert collective_seconds("allreduce", 1e6, 5, SLOW, "tree") == pytest.approx(6 * 1e-3 + 1.6)
+    assert collective_seconds("allreduce", 1e6, 1, SLOW) == 0.0
+    # The benchmarks' shared loopback: 2 ranks' 44.7 MB through one 1 Gbit/s link, as speed.py's bound.
+    shared = parse_link("1gbit", latency_s=0, shared_by=2)
+    assert collective_seconds("allreduce", 44_695_848, 2, shared) == pytest.approx(0.7151, abs=1e-4)
+
+
+def _powersgd_bucket(ready):
+    """P (1 MB) after 0.1 s of maths, Q (1 MB) after 0.2 s more, then 0.05 s to decompress."""
+    return Bucket(ready, [Segment(0.1, [("allreduce", 2e6)]), Segment(0.2, [("allreduce", 2e6)]), Segment(0.05)])
+
+
+def test_schedule_overlaps_p_with_backward_and_q_waits_for_p():
+    # W = 2 on SLOW: an allreduce of 2 MB costs 2·1 ms + 2 s.
+    wire = 2.002
+    step = Step(forward_s=1.0, backward_s=3.0, optimizer_s=0.5,
+                buckets=[_powersgd_bucket(0.5), _powersgd_bucket(2.0)])
+    # Bucket 0: P issued at 1 + 0.5 + 0.1 = 1.6, done 3.602. Bucket 1: ready at 1 + 2 + 0.1 (the
+    # first hook delayed backward), P issued at 3.2, queued behind bucket 0's, done 5.604.
+    # Backward ends at 1 + 3 + 0.2 = 4.2. Bucket 0's Q: issued at 4.2 + 0.2 = 4.4, queued until 5.604,
+    # done 7.606. Bucket 1's Q: issued at max(4.4, 5.604) + 0.2 = 5.804, sent 7.606–9.608.
+    # Bucket 0 decompresses 7.606 + 0.05 (before bucket 1 is waited on), bucket 1 at 9.608 + 0.05.
+    expected = 5.604 + 2 * wire + 0.05 + 0.5
+    assert step_seconds(step, 2, SLOW) == pytest.approx(expected)
+    # With no wire cost the step is compute alone: the hooks' maths lengthens backward.
+    free = Link("free", float("inf"), latency_s=0)
+    assert step_seconds(step, 2, free) == pytest.approx(1 + 3 + 0.2 + 0.2 + 0.2 + 0.05 + 0.05 + 0.5)
+
+
+def test_schedule_fuses_queued_dense_gradients_as_horovod():
+    # Three 1 MB gradients, ready at 0, 0.1 and 0.2 s of a 0.3 s backward, W = 2: the first goes
+    # alone (1.002 s), the next two wait behind it and go as one 2 MB allreduce (one latency).
+    dense = [Bucket(t, [Segment(0.0, [("allreduce", 1e6)]), Segment(0.0)], fusable=True) for t in (0, 0.1, 0.2)]
+    assert step_seconds(Step(0.0, 0.3, dense, 0.0), 2, SLOW) == pytest.approx(1.002 + 2.002)
+    unfused = [Bucket(b.ready_s, b.segments) for b in dense]
+    assert step_seconds(Step(0.0, 0.3, unfused, 0.0), 2, SLOW) == pytest.approx(3 * 1.002)
+
+
+def test_accordion_mixes_its_levels_by_the_fraction_at_low():
+    profile = json.loads(PROFILE.read_text())
+    link = parse_link("1gbit")
+    at = {fraction: predict(profile, "accordion:powersgd:4/1", "horovod", 16, link, low_fraction=fraction)
+          for fraction in (0.0, 0.25, 1.0)}
+    for statistic in ("low", "median", "high"):
+        assert at[0.25][statistic] == pytest.approx(0.25 * at[1.0][statistic] + 0.75 * at[0.0][statistic])
+
+
+def test_the_docs_offline_command_prints_its_table_and_writes_its_png_without_torch(tmp_path):
+    """The command that docs/advise.md shows, run as it is, from the committed profile."""
+    page = (REPO / "docs" / "advise.md").read_text()
+    command = re.search(r"<!-- test: tests/test_advise.py[^>]*-->\n```bash\n(.*?)\n```", page, re.S).group(1)
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "horovod_accordion.advise"] and "--profile" in argv
+    png = tmp_path / "advise.png"
+    script = ("import sys, runpy; sys.argv = sys.argv[1:]; "
+              "runpy.run_module('horovod_accordion.advise', run_name='__main__'); "
+              "print('imported torch:', 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script, "advise", *argv[3:], "--png", str(png)],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "16 workers, 100gbit:" in result.stdout and "fastest" in result.stdout
+    assert "imported torch: False" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
