@@ -165,14 +165,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     detection windows and learning-rate decays reach the detector. With ``batch_switch``
     (a ``BatchSwitch``), Accordion switches between 1 and m micro-batches (``fit`` batches)
     per communication instead of the compression level; ``compression`` stays fixed.
+    With ``Compression.none`` or ``fp16`` and neither ``log_path`` nor ``tensorboard_dir``,
+    this is Horovod's own optimizer; with either, Accordion's, which records the traffic.
     """
     _require_keras2(optimizer)
-    if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)):
-        dropped = [name for name, value in (("log_path", log_path), ("tensorboard_dir", tensorboard_dir)) if value]
-        if dropped:
-            warnings.warn(f"with {getattr(compression, '__name__', compression)} this is Horovod's own Keras "
-                          f"optimizer, which keeps no traffic record: {' and '.join(dropped)} are ignored",
-                          UserWarning)
+    # Plain none or fp16 is Horovod's own optimizer, unless a traffic record is asked for: then
+    # it runs through Accordion's exchange, so that a baseline logs as the compressed runs do.
+    records = log_path is not None or tensorboard_dir is not None
+    if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)) and not records:
         return hvd_keras.DistributedOptimizer(
             optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,

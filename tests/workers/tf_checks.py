@@ -380,6 +380,40 @@ def check_keras_tensorboard_scalars_from_the_callback():
     return sorted(values)
 
 
+def check_keras_none_and_fp16_with_a_log_path_record_their_traffic_and_train_as_horovod():
+    """R11: a plain baseline asked for a record used to get Horovod's own optimizer, which
+    dropped log_path and tensorboard_dir with a warning and recorded nothing."""
+    import json
+    import tempfile
+    x, y = rank_dataset(64)
+    weights = {}
+    for compression, bytes_per_value in ((hvd.Compression.none, 4), (hvd.Compression.fp16, 2), (None, None)):
+        model = make_keras_model()
+        log_path = os.path.join(tempfile.gettempdir(), f"accordion-keras-plain-{os.getppid()}-{hvd.rank()}.jsonl")
+        if compression is None:  # Horovod's own, the reference
+            optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05))
+        else:
+            optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05), compression=compression,
+                                                       log_path=log_path)
+        model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                  callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0), hvd_keras.AccordionCallback()])
+        assert weights_identical_across_ranks(model)
+        weights[bytes_per_value] = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+        if compression is None:
+            continue
+        parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+        assert optimizer.accordion_state.stats()["bytes_per_step"] == [bytes_per_value * parameters] * 4
+        if hvd.rank() == 0:
+            with open(log_path) as log:
+                steps = [json.loads(line) for line in log if '"step"' in line]
+            assert [s["bytes_sent"] for s in steps if s["event"] == "step"] == [bytes_per_value * parameters] * 4
+            os.remove(log_path)
+    # Averaging fp32 gradients through our allreduce is Horovod's own average: the same weights.
+    np.testing.assert_allclose(weights[4], weights[None], rtol=0, atol=1e-6)
+    return {"parameters": parameters}
+
+
 def check_a_non_finite_gradient_leaves_tensorflow_state_clean():
     """As on torch: one inf on rank 1 at step 1 leaves layer 0's memory, Q or residual as it
     was on every rank, that step's layer-0 average is non-finite, and later steps are finite."""
