@@ -61,17 +61,17 @@ def main():
 
     class PrintLevels(tf_keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            bar.update()
             if state() is None:
                 show(bar, logs["loss"])
                 bar.write(f"[rank {hvd.rank()}] epoch {epoch}: loss {logs['loss']:.4f}")
-                return
-            show(bar, logs["loss"], state().accordion_stats()["total_bytes_sent"], state().levels)
-            if hvd.rank() == 0:
-                levels = "  ".join(f"{name.split('/')[-2]}={level:g}"  # biases are never compressed
-                                   for name, level in state().levels.items() if "kernel" in name)
-                what = "micro-batches per step" if args.batch_switch else "level per layer"
-                bar.write(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  {what}: {levels}")
+            else:
+                show(bar, logs["loss"], state().accordion_stats()["total_bytes_sent"], state().levels)
+                if hvd.rank() == 0:
+                    levels = "  ".join(f"{name.split('/')[-2]}={level:g}"  # biases are never compressed
+                                       for name, level in state().levels.items() if "kernel" in name)
+                    what = "micro-batches per step" if args.batch_switch else "level per layer"
+                    bar.write(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  {what}: {levels}")
+            bar.update()
 
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),

@@ -15,13 +15,19 @@ class EpochLines:
     def __init__(self, epochs, desc, enabled):
         self.epochs, self.desc, self.enabled = epochs, desc, enabled
         self.postfix = {}
+        self.done = 0
 
     def __iter__(self):
         for epoch in range(self.epochs):
             yield epoch
-            if self.enabled:
-                fields = "  ".join(f"{key} {value}" for key, value in self.postfix.items())
-                print(f"{self.desc}: epoch {epoch + 1}/{self.epochs}  {fields}".rstrip(), flush=True)
+            self.update()
+
+    def update(self, n=1):
+        """An epoch is over: print its line, with the fields ``set_postfix`` gave it."""
+        self.done += n
+        if self.enabled:
+            fields = "  ".join(f"{key} {value}" for key, value in self.postfix.items())
+            print(f"{self.desc}: epoch {self.done}/{self.epochs}  {fields}".rstrip(), flush=True)
 
     def set_postfix(self, ordered_dict=None, **fields):
         self.postfix = {**(ordered_dict or {}), **fields}
