@@ -30,35 +30,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 import horovod_accordion.torch as hvd
 from horovod_accordion import ddp as accordion_ddp
+from horovod_accordion.advise.models import resnet18_cifar
 from horovod_accordion.compression import PowerSGD, matrix_shape, powersgd_compresses
 
 BATCH = 16
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, inputs, outputs, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(outputs)
-        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(outputs)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or inputs != outputs:
-            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
-
-
-def resnet18(classes=10):
-    """The CIFAR ResNet-18 (3×3 stem, no max-pool): 11.17 M parameters."""
-    torch.manual_seed(0)
-    layers, width = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()], 64
-    for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        layers += [BasicBlock(width, outputs, stride), BasicBlock(outputs, outputs, 1)]
-        width = outputs
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
 
 
 def ours(compression, **accordion):
@@ -83,7 +58,8 @@ def ddp_accordion(compression, **accordion):
     def build(model):
         wrapped = nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
-        state = accordion_ddp.AccordionState(wrapped, compression=compression, optimizer=optimizer, **accordion)
+        state = accordion_ddp.AccordionState(compression=compression, model=wrapped, optimizer=optimizer,
+                                             **accordion)
         wrapped.register_comm_hook(state, accordion_ddp.accordion_hook)
         return wrapped, optimizer, state
     return build
@@ -143,7 +119,7 @@ def shape_bytes(model, kind, rank=None):
 class Variant:
     def __init__(self, name, kind, build):
         self.name, self.kind = name, kind
-        self.model = resnet18()
+        self.model = resnet18_cifar()
         self.state = None  # Accordion's, for our DDP hook
         if kind == "ours":
             self.optimizer = build(self.model)

@@ -59,7 +59,7 @@ def main():
     state = None
     log_path = pathlib.Path(tempfile.mkdtemp()) / "accordion.jsonl" if args.plots and rank == 0 else None
     if compression is not None:
-        state = AccordionState(model, compression=compression, optimizer=optimizer, interval=args.interval,
+        state = AccordionState(compression=compression, model=model, optimizer=optimizer, interval=args.interval,
                                log_path=log_path)
         model.register_comm_hook(state, accordion_hook)
 

@@ -1,6 +1,7 @@
-"""The getting-started scripts run as written: each page's tested block (docs/getting-started/
-torch.md, keras.md, tensorflow.md) on 2 Gloo ranks, switching from ℓ_low to ℓ_high. The
-README.md shows two of them, and must show them unchanged."""
+"""The getting-started scripts run as written, each on 2 Gloo ranks, switching from ℓ_low to
+ℓ_high: docs/getting-started/torch.md, docs/getting-started/keras.md and
+docs/getting-started/tensorflow.md with horovodrun, docs/getting-started/ddp.md with torchrun.
+The README.md shows the first two, and must show them unchanged."""
 import pathlib
 import re
 import subprocess
@@ -8,10 +9,10 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, free_port, worker_env
 from tests.test_docs import code_blocks
 
-PAGES = ["torch", "keras", "tensorflow"]
+PAGES = ["torch", "keras", "tensorflow", "ddp"]
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
 
@@ -25,11 +26,13 @@ def script_of(page):
 def test_the_getting_started_script_switches_levels_when_run_as_written(name, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(script_of(REPO / "docs" / "getting-started" / f"{name}.md"))
-    result = subprocess.run([HOROVODRUN, "-np", "2", "--gloo", sys.executable, str(script)], cwd=tmp_path,
-                            env=worker_env(),
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(free_port())] if name == "ddp" else \
+        [HOROVODRUN, "-np", "2", "--gloo", sys.executable]
+    result = subprocess.run([*launcher, str(script)], cwd=tmp_path, env=worker_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    levels = re.findall(r"<stdout>:epoch \d+: PowerSGD rank per layer \[([\d, ]+)\]", result.stdout)
+    levels = re.findall(r"^(?:\[0\]<stdout>:)?epoch \d+: PowerSGD rank per layer \[([\d, ]+)\]", result.stdout, re.M)
     assert len(levels) == 8 and set(levels[0].split(", ")) == {"2"} and set(levels[-1].split(", ")) == {"1"}, \
         result.stdout
 

@@ -24,7 +24,7 @@ class _BasicBlock(nn.Module):
 
 
 def resnet18_cifar(classes=10):
-    """The CIFAR ResNet-18 of ``benchmarks/speed.py`` (3×3 stem, no max-pool): 11.17 M parameters."""
+    """The CIFAR ResNet-18 (3×3 stem, no max-pool) that ``benchmarks/speed.py`` times: 11.17 M parameters."""
     torch.manual_seed(0)
     layers, width = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()], 64
     for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):

@@ -1,6 +1,6 @@
 """Accordion for torch ``DistributedDataParallel``, without Horovod.
 
-``model.register_comm_hook(AccordionState(model, compression=PowerSGD(2, 1)), accordion_hook)``.
+``model.register_comm_hook(AccordionState(compression=PowerSGD(2, 1)), accordion_hook)``.
 This package imports no Horovod: it runs wherever torch.distributed does.
 """
 from horovod_accordion.compression import PowerSGD, TopK

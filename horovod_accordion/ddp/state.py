@@ -2,11 +2,15 @@
 
 ::
 
-    state = AccordionState(model, compression=PowerSGD(2, 1), optimizer=optimizer)
+    state = AccordionState(compression=PowerSGD(2, 1))   # before or after DDP wraps the model
     model.register_comm_hook(state, accordion_hook)
     for epoch in ...:
-        ...                 # forward, backward (the hook runs here), optimizer.step()
+        ...                 # state.observe_lr(lr), forward, backward (the hook runs here), optimizer.step()
         state.end_epoch()   # on every rank; or pass window_steps=N
+
+As torch's ``PowerSGDState(process_group, ...)``, the state needs no model: a trainer can
+build it before it wraps the model (Lightning's ``DDPStrategy(ddp_comm_state=...)``). It binds
+itself at the first hook call, to the parameters DDP hands over.
 
 The hook runs the same reducers, detector and per-bucket phases as the Horovod optimizer
 (``horovod_accordion.exchange``): each DDP bucket's first phase (PowerSGD's P, TopK's
@@ -16,6 +20,7 @@ chains no collective from a future's callback, as torch's ``powerSGD_hook`` does
 Gloo no two threads issue collectives at once.
 """
 
+import warnings
 import weakref
 
 import torch
@@ -36,26 +41,31 @@ class AccordionState:
     """What ``accordion_hook`` keeps between steps, in the style of torch's ``PowerSGDState``.
 
     Args:
-        model: the model whose gradients the hook averages: the ``DistributedDataParallel``
-            module, or the module it wraps. Levels are decided per parameter, as in the
-            Horovod optimizer, so the state maps DDP's buckets (rebuilt after the first step)
-            to parameters, and keeps its error feedback per parameter, not per bucket.
         process_group: the group DDP communicates over, as given to DDP; ``None``: the
             default group.
         compression: ``PowerSGD(low_rank, high_rank)`` or ``TopK(low_fraction, high_fraction)``
             (``horovod_accordion.ddp`` exports both): Accordion switches between ℓ_low in
             critical regimes and ℓ_high elsewhere; ``low == high`` is static compression.
+        model: optional, the model whose gradients the hook averages (the
+            ``DistributedDataParallel`` module, or the module it wraps): its parameter names
+            name the layers in logs and checkpoints, and the cross-rank check runs here rather
+            than at the first step. Without it, the state binds itself at the first hook call
+            (see ``bind``). Levels are decided per parameter, as in the Horovod optimizer, so
+            the state maps DDP's buckets (rebuilt after the first step) to parameters, and
+            keeps its error feedback per parameter, not per bucket.
         optimizer: the optimizer whose first parameter group's ``lr`` the hook reads before
             each step's first bucket, for the learning-rate decay rule. ``None``: call
             ``observe_lr(lr)`` yourself, or the rule never fires.
-        eta, interval, window_steps, per_layer, lr_decay_factor, delta_windows, check_norm,
-        verify_levels, log_path, tensorboard_dir: as in ``horovod_accordion.torch.DistributedOptimizer``.
-            Windows are epochs closed by ``end_epoch()``, or ``window_steps`` steps.
-        Buckets are DDP's own: ``bucket_cap_mb`` on ``DistributedDataParallel`` sizes them.
         start_iter: the first ``start_iter`` steps are a plain allreduce of every bucket, as
             ``powerSGD_hook``'s ``start_powerSGD_iter``; the detector counts them and
             accumulates their gradients all the same. 0 by default: Accordion's ℓ_low
             already covers early training.
+
+    The other keyword arguments, ``eta``, ``interval``, ``window_steps``, ``per_layer``,
+    ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``, ``log_path`` and
+    ``tensorboard_dir``, are as in ``horovod_accordion.torch.DistributedOptimizer``. Windows
+    are epochs closed by ``end_epoch()``, or ``window_steps`` steps. Buckets are DDP's own:
+    ``bucket_cap_mb`` on ``DistributedDataParallel`` sizes them.
 
     State:
         iter: the steps the hook has averaged (one per backward outside ``no_sync()``):
@@ -66,14 +76,21 @@ class AccordionState:
         lost; and the detector's window, its accumulated gradient Δ and check history.
 
     ``state_dict()`` / ``load_state_dict()`` checkpoint all of it; the memories, residuals
-    and Δ are each rank's own, so save one per rank to resume exactly. The state also
-    pickles (``__getstate__``): unpickled, it has no process group (the default group is
-    used, as with ``PowerSGDState``) and no model: call ``bind(model, optimizer)``.
+    and Δ are each rank's own, so save one per rank to resume exactly. A state dict loaded
+    before the state is bound applies when it binds. The state also pickles
+    (``__getstate__``): unpickled, it has no process group (the default group is used, as
+    with ``PowerSGDState``), no model and no optimizer, and binds itself again at its first
+    hook call (or ``bind(model, optimizer)``).
     """
 
-    def __init__(self, model, process_group=None, compression=PowerSGD(2, 1), optimizer=None, *, eta=0.5,
+    def __init__(self, process_group=None, compression=PowerSGD(2, 1), *, model=None, optimizer=None, eta=0.5,
                  interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1,
                  check_norm="local", verify_levels=None, log_path=None, tensorboard_dir=None, start_iter=0):
+        if isinstance(process_group, torch.nn.Module):
+            raise TypeError("AccordionState's first argument is the process group, as PowerSGDState's, and the "
+                            "model is optional: write AccordionState(compression=..., optimizer=...), or "
+                            "AccordionState(compression=..., model=model, optimizer=...) for the model's "
+                            "parameter names in logs")
         if not isinstance(compression, (PowerSGD, TopK)):
             raise ValueError(f"compression must be PowerSGD(low_rank, high_rank) or TopK(low_fraction, "
                              f"high_fraction), got {compression!r}; for a plain allreduce, register no hook")
@@ -87,25 +104,43 @@ class AccordionState:
                                       lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
                                       check_norm=check_norm, verify_levels=verify_levels)
         self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
+        self._unbound()
+        self._optimizer = optimizer
+        self._hook_ran = [False]  # a holder the finalizer reads without keeping the state alive
+        weakref.finalize(self, _warn_if_hook_never_ran, self._hook_ran)
+        if model is not None:
+            self.bind(model, optimizer)
+
+    def _unbound(self):
+        """The fields of a state not bound to parameters yet (new, or unpickled)."""
         self._exchange = None
-        self._saved = None  # what an unpickled state restores once bound
-        self.bind(model, optimizer)
+        self._saved = getattr(self, "_saved", None)  # a state dict to restore once bound
+        self._lr_before_binding = getattr(self, "_lr_before_binding", None)
+        self._optimizer = None
+        self._arrived = []  # the buckets of the step in progress, while unbound
+        self._waiting = []  # (future, bucket buffer, layers, gradient views) of the step in progress
 
     def bind(self, model, optimizer=None):
-        """Attach the state to ``model`` (and ``optimizer``), which the constructor does; after
-        unpickling, attach it to the new model before training. A state already bound keeps
-        what it has learnt. A collective: every rank checks that the others have the same
-        parameters and compression."""
+        """Attach the state to ``model`` (and ``optimizer``, if given; else it keeps the one it
+        has): its parameter names name the layers, and the cross-rank check runs now. Without
+        ``bind``, the first hook call binds the state to the parameters of DDP's buckets, named
+        ``parameters[i]`` in the order of ``model.parameters()`` (DDP's first buckets hold them
+        in reverse order; with several dtypes or devices, in DDP's own order, the same on every
+        rank), or named as in the state dict loaded before. A state already bound keeps what it
+        has learnt. A collective: every rank checks that the others have the same parameters and
+        compression."""
+        module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        self._optimizer = optimizer if optimizer is not None else self._optimizer
+        self._bind_parameters([name for name, _ in named], [p for _, p in named])
+
+    def _bind_parameters(self, names, params):
         log = None
         if self._exchange is not None:
             self._saved, log = self.state_dict(), self._exchange.accordion.log
-        module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-        names, params = [name for name, _ in named], [p for _, p in named]
         check_real_floating(names, [p.dtype for p in params], [p.is_floating_point() for p in params])
         self._layer_of = {p: layer for layer, p in enumerate(params)}
         self._names = names
-        self._optimizer = optimizer
         self._ops = DistributedOps(self.process_group, params[0].device if params else "cpu")
         check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
                                          self.compression)
@@ -114,20 +149,53 @@ class AccordionState:
         log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
         accordion = Accordion(names, levels, log=log, **self._schedule_options)
         self._exchange = BucketedExchange(accordion, reducer, self._ops, params)
-        self._waiting = []  # (future, bucket buffer, layers, gradient views) of the step in progress
+        self._waiting = []
         if accordion.adaptive and accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
         if self._saved is not None:
             self.load_state_dict(self._saved)
             self._saved = None
+        if self._lr_before_binding is not None:
+            self._exchange.observe_lr(self._lr_before_binding)
+            self._lr_before_binding = None
+
+    def _bind_to_first_buckets(self):
+        """Bind to the parameters of the first step's buckets, which DDP hands over in index
+        order and built from ``model.parameters()`` reversed: read back from the last bucket
+        to the first, they are in the model's order, the same on every rank."""
+        params = [p for bucket in sorted(self._arrived, key=lambda b: -b.index) for p in bucket.params]
+        saved_names = (self._saved or {}).get("schedule", {}).get("layer_names")
+        names = saved_names if saved_names and len(saved_names) == len(params) else \
+            [f"parameters[{i}]" for i in range(len(params))]
+        self._bind_parameters(list(names), params)
+
+    @property
+    def bound(self):
+        """Whether the state has its parameters (a ``model`` given, ``bind`` or a first step)."""
+        return self._exchange is not None
+
+    @property
+    def window_steps(self):
+        """``None``: windows are epochs, closed by ``end_epoch()``; else their length in steps."""
+        return self._schedule_options["window_steps"]
+
+    @property
+    def bytes_sent_last_step(self):
+        """The bytes this rank put on the wire in the last step; 0 before the first."""
+        sent = self._exchange.accordion.log.bytes_per_step if self.bound else []
+        return sent[-1] if sent else 0
 
     @property
     def levels(self):
-        return dict(zip(self._names, self._bound().accordion.levels))
+        """Each layer's level now, by name; ``{}`` before the state is bound."""
+        return dict(zip(self._names, self._exchange.accordion.levels)) if self.bound else {}
 
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given)."""
-        self._bound().observe_lr(lr)
+        if self.bound:
+            self._exchange.observe_lr(lr)
+        else:
+            self._lr_before_binding = lr
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank."""
@@ -138,12 +206,16 @@ class AccordionState:
         return dict(self._bound().accordion.log.as_dict(), levels=self.levels)
 
     def state_dict(self):
-        if self._exchange is None:
+        """Before the state is bound: the state dict loaded into it, if any, else ``None``."""
+        if not self.bound:
             return self._saved
         return dict(self._exchange.state_dict(), iter=self.iter)
 
     def load_state_dict(self, state_dict):
-        self._bound()
+        """Restore a ``state_dict()``; before the state is bound, it is restored when it binds."""
+        if not self.bound:
+            self._saved = state_dict
+            return
         if self._waiting:
             raise RuntimeError("load_state_dict() between backward and the end of its communication")
         self._exchange.load_state_dict(state_dict)
@@ -151,45 +223,64 @@ class AccordionState:
 
     def __getstate__(self):
         """Everything but the process group, the model and the optimizer, as ``PowerSGDState``."""
-        kept = ("compression", "start_iter", "iter", "_schedule_options", "log_path", "tensorboard_dir")
+        kept = ("compression", "start_iter", "iter", "_schedule_options", "log_path", "tensorboard_dir",
+                "_lr_before_binding")
         return dict({k: self.__dict__[k] for k in kept}, _saved=self.state_dict())
 
     def __setstate__(self, state):
         self.__dict__.update(dict({"tensorboard_dir": None}, **state))  # pickled before it had one
         self.process_group = None
-        self._exchange = None
+        self._unbound()
+        self._hook_ran = [True]  # an unpickled state may be read only: no warning for it
 
     def _bound(self):
-        if self._exchange is None:
-            raise RuntimeError("this AccordionState was unpickled and has no model yet: call "
-                               "state.bind(model, optimizer) before training")
+        if not self.bound:
+            raise RuntimeError("this AccordionState has no parameters yet: it binds itself at the first step's "
+                               "communication hook call (or pass model=, or call state.bind(model))")
         return self._exchange
 
     def _on_bucket(self, bucket):
-        self._bound()
+        self._hook_ran[0] = True
+        buffer = bucket.buffer()
+        arrived = _Bucket(bucket.index(), bucket.parameters(), bucket.gradients(), buffer,
+                          torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None))
         try:
-            if self._optimizer is not None:
-                self._exchange.observe_lr(self._optimizer.param_groups[0]["lr"])
-            layers = [self._layer(p) for p in bucket.parameters()]
-            grads = bucket.gradients()
-            self._exchange.start(bucket.index(), layers, grads,
-                                 reducer=self._plain if self.iter < self.start_iter else None)
-            buffer = bucket.buffer()
-            future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-            self._waiting.append((future, buffer, layers, grads))
+            if self.bound:
+                self._start(arrived)
+            else:
+                # Nothing can start before every parameter is known: the first step waits for its last bucket.
+                if any(earlier.index == arrived.index for earlier in self._arrived):
+                    raise RuntimeError(f"DDP bucket {arrived.index} came twice in one step: this AccordionState "
+                                       f"is registered on two models; build one state per DDP model")
+                self._arrived.append(arrived)
+                if bucket.is_last():
+                    self._bind_to_first_buckets()
+                    for earlier in self._arrived:
+                        self._start(earlier)
+                    self._arrived = []
             if bucket.is_last():
                 self._finish_step()
-            return future
+            return arrived.future
         except BaseException:
-            self._exchange.started, self._waiting = {}, []
+            if self._exchange is not None:
+                self._exchange.started = {}
+            self._arrived, self._waiting = [], []
             raise
+
+    def _start(self, bucket):
+        if self._optimizer is not None:
+            self._exchange.observe_lr(self._optimizer.param_groups[0]["lr"])
+        layers = [self._layer(p) for p in bucket.params]
+        self._exchange.start(bucket.index, layers, bucket.grads,
+                             reducer=self._plain if self.iter < self.start_iter else None)
+        self._waiting.append((bucket.future, bucket.buffer, layers, bucket.grads))
 
     def _layer(self, param):
         layer = self._layer_of.get(param)
         if layer is None:
             raise RuntimeError(f"DDP reduces a parameter of shape {tuple(param.shape)} that is not among the "
-                               f"model's parameters this AccordionState was built with: build the state from "
-                               f"the model given to DistributedDataParallel")
+                               f"{len(self._names)} parameters this AccordionState is bound to: one state serves "
+                               f"one DDP model (build one per model, or bind(model) to move it to another)")
         return layer
 
     def _finish_step(self):
@@ -201,6 +292,22 @@ class AccordionState:
         self._waiting = []
         self.iter += 1
         self._exchange.end_step()
+
+
+def _warn_if_hook_never_ran(hook_ran):
+    """When the state goes (or at exit): a state built for training whose hook never ran."""
+    if not hook_ran[0]:
+        warnings.warn("an AccordionState's hook never ran, so Accordion averaged nothing: register it on the DDP "
+                      "model (model.register_comm_hook(state, accordion_hook)). Lightning registers "
+                      "DDPStrategy(ddp_comm_hook=...) on CUDA only: add "
+                      "horovod_accordion.lightning.AccordionCallback(state), which registers it", RuntimeWarning)
+
+
+class _Bucket:
+    """What the hook keeps of a ``GradBucket``: gradients are views of ``buffer``."""
+
+    def __init__(self, index, params, grads, buffer, future):
+        self.index, self.params, self.grads, self.buffer, self.future = index, params, grads, buffer, future
 
 
 def accordion_hook(state, bucket):

@@ -10,6 +10,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, PowerSGD, TopK, accordion_hook
+from horovod_accordion.ddp.trainers import attach
 from tests.workers.models import batch_of_rank, make_model
 
 COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
@@ -32,7 +33,7 @@ def hooked(compression, seed=0, lr=0.05, **options):
     model = DistributedDataParallel(make_model(seed))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     options = dict(dict(window_steps=2, interval=1), **options)
-    state = AccordionState(model, compression=compression, optimizer=optimizer, **options)
+    state = AccordionState(compression=compression, model=model, optimizer=optimizer, **options)
     model.register_comm_hook(state, accordion_hook)
     return model, optimizer, state
 
@@ -49,6 +50,16 @@ def train(model, optimizer, steps, first=0, decay_at=None, averaged=None):
         if averaged is not None:
             averaged.append([p.grad.clone() for p in model.parameters()])
         optimizer.step()
+
+
+def hooked_with_epoch_windows(compression, epochs, steps_per_epoch, decay_at):
+    """The plain-DDP-hook reference of the trainer checks: ``train`` epoch by epoch, each
+    closing a window with ``end_epoch()``, the LR read from the optimizer."""
+    model, optimizer, state = hooked(compression, window_steps=None)
+    for epoch in range(epochs):
+        train(model, optimizer, steps_per_epoch, first=steps_per_epoch * epoch, decay_at=decay_at)
+        state.end_epoch()
+    return model.module, state
 
 
 def levels_history(stats):
@@ -103,7 +114,7 @@ def check_a_bucket_is_on_the_wire_before_backward_reaches_the_first_layer():
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]),
                                     bucket_cap_mb=1)
-    state = AccordionState(model, compression=PowerSGD(2, 1), window_steps=2, interval=1)
+    state = AccordionState(compression=PowerSGD(2, 1), model=model, window_steps=2, interval=1)
     model.register_comm_hook(state, accordion_hook)
     seen = []
     model.module[0].weight.register_hook(lambda grad: seen.append(len(state._exchange.started)))
@@ -200,21 +211,75 @@ def with_initial_q(initial_q, layer_of):
 
 
 def check_misuse_raises_before_any_collective():
+    """The old spelling with the model first, wrong compressions, and one state on two models."""
     model = DistributedDataParallel(make_model())
     errors = []
+    try:
+        AccordionState(model, compression=PowerSGD(2, 1))
+    except TypeError as error:
+        errors.append(str(error))
+    assert "model=model" in errors[-1], errors
     for bad in ("powersgd", PowerSGD):
         try:
-            AccordionState(model, compression=bad)
+            AccordionState(compression=bad)
         except ValueError as error:
             errors.append(str(error))
-    state = pickle.loads(pickle.dumps(AccordionState(model, compression=PowerSGD(2, 1))))
-    model.register_comm_hook(state, accordion_hook)
-    try:
-        loss_at(model, 0).backward()
-    except RuntimeError as error:
-        errors.append(str(error))
-    assert len(errors) == 3 and "bind(model" in errors[-1], errors
+    for bound in (False, True):
+        first, second = DistributedDataParallel(make_model()), DistributedDataParallel(make_model())
+        state = AccordionState(compression=PowerSGD(2, 1), model=first if bound else None, window_steps=2,
+                               interval=1)
+        first.register_comm_hook(state, accordion_hook)
+        second.register_comm_hook(state, accordion_hook)
+        loss_at(first, 0).backward()
+        try:
+            loss_at(second, 0).backward()
+        except RuntimeError as error:
+            errors.append(str(error))
+        assert "one state" in errors[-1], errors
+    assert len(errors) == 5, errors
     return errors
+
+
+def check_a_state_built_without_the_model_binds_itself_and_equals_the_bound_one():
+    """Built before DDP wraps the model, as a trainer does, with the LR told by ``observe_lr``
+    (once before the first step) and buckets of one parameter each: the first hook call binds
+    it, in the model's order, and 14 steps give bitwise the parameters and checks of a state
+    given the model and optimizer. Pickled unbound, and mid-run, it resumes as well."""
+    report = {}
+    for name, compression in COMPRESSIONS.items():
+        model, optimizer, state = hooked(compression)
+        train(model, optimizer, 14, decay_at=10)
+
+        free_state = AccordionState(compression=compression, window_steps=2, interval=1)
+        free_state = pickle.loads(pickle.dumps(free_state))  # unbound: nothing but the options
+        assert not free_state.bound and free_state.levels == {} and free_state.state_dict() is None
+        free = DistributedDataParallel(make_model(), bucket_cap_mb=0.001)
+        free_optimizer = torch.optim.SGD(free.parameters(), lr=0.05, momentum=0.9)
+        free.register_comm_hook(free_state, accordion_hook)
+        for step in range(14):
+            if step == 10:
+                free_optimizer.param_groups[0]["lr"] /= 4
+            free_state.observe_lr(free_optimizer.param_groups[0]["lr"])
+            train(free, free_optimizer, 1, first=step)
+            if step == 6:  # a pickled round trip of the bound state, mid-window, on a new model
+                moved = pickle.loads(pickle.dumps(free_state))
+                rebuilt = make_model(seed=1)
+                rebuilt.load_state_dict(free.module.state_dict())
+                optimizer_state = free_optimizer.state_dict()
+                free = DistributedDataParallel(rebuilt, bucket_cap_mb=0.001)
+                free_optimizer = torch.optim.SGD(free.parameters(), lr=0.05, momentum=0.9)
+                free_optimizer.load_state_dict(optimizer_state)
+                free_state = moved
+                free.register_comm_hook(free_state, accordion_hook)
+        assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in range(6)]
+        for (layer, p), q in zip(model.named_parameters(), free.parameters()):
+            assert torch.equal(p, q), f"{name}, {layer}: max diff {(p - q).abs().max():.3e}"
+        ours = [(event, step, list(levels.values())) for event, step, levels in levels_history(state.accordion_stats())]
+        theirs = [(event, step, list(levels.values()))
+                  for event, step, levels in levels_history(free_state.accordion_stats())]
+        assert ours == theirs and any(event == "lr_decay" for event, _, _ in ours), (ours, theirs)
+        report[name] = len(ours)
+    return report
 
 
 def check_no_sync_accumulates_and_communicates_once():
@@ -232,3 +297,23 @@ def check_no_sync_accumulates_and_communicates_once():
             assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-7), float((p.grad - q.grad).abs().max())
     assert state.iter == 3
     return state.iter
+
+
+def check_attach_refuses_a_model_without_ddp_and_a_second_hook():
+    """What the trainer integrations do first (Lightning's callback at fit start, Accelerate's
+    ``register_accordion``), on what a wrong setup hands them: clear errors, nothing bound."""
+    errors = []
+    state = AccordionState(compression=PowerSGD(2, 1), interval=1)
+    try:
+        attach(make_model(), state)
+    except TypeError as error:
+        errors.append(str(error))
+    other = DistributedDataParallel(make_model())
+    other.register_comm_hook(None, lambda _, bucket: torch.futures.Future())
+    try:
+        attach(other, state)
+    except RuntimeError as error:
+        errors.append(str(error))
+    assert len(errors) == 2 and "strategy='ddp'" in errors[0] and "Drop the other hook" in errors[1], errors
+    assert not state.bound
+    return errors

@@ -1,0 +1,38 @@
+"""Accordion in Hugging Face Accelerate: one call after ``accelerator.prepare``.
+
+::
+
+    from horovod_accordion.accelerate import register_accordion
+    from horovod_accordion.ddp import AccordionState, PowerSGD
+
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    state = register_accordion(accelerator, model, AccordionState(compression=PowerSGD(2, 1)), optimizer)
+    for epoch in ...:
+        ...                 # your loop: accelerator.backward(loss), optimizer.step(), scheduler.step()
+        state.end_epoch()   # on every rank; or window_steps=N
+
+``DistributedDataParallelKwargs(comm_hook=...)`` takes only Accelerate's own hooks (an enum),
+so the hook goes on the DDP model that ``prepare`` returns.
+"""
+
+from horovod_accordion.ddp.trainers import EveryRankState, attach
+
+__all__ = ["register_accordion"]
+
+
+def register_accordion(accelerator, model, state, optimizer=None):
+    """Register ``state``'s hook on ``model``, the DDP model ``accelerator.prepare`` returned,
+    and return the state. On every rank (a collective: the cross-rank check).
+
+    - the layers are named after the unwrapped model's parameters;
+    - with ``optimizer`` (the prepared one), the hook reads its learning rate before each
+      step, as the scheduler left it; without, call ``state.observe_lr(lr)`` before each step;
+    - ``accelerator.save_state`` / ``load_state`` keep every rank's state (the error-feedback
+      memories are each rank's own) in the checkpoint folder, beside the model's.
+
+    A model that ``prepare`` did not wrap in DDP (one process) is a ``TypeError``: launch 2
+    or more processes.
+    """
+    attach(model, state, named_by=accelerator.unwrap_model(model), optimizer=optimizer)
+    accelerator.register_for_checkpointing(EveryRankState(state))
+    return state

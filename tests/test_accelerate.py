@@ -1,0 +1,51 @@
+"""Hugging Face Accelerate with Accordion on 2 real CPU processes (Gloo): the checks under
+``torchrun``, and the example under ``accelerate launch``, with every compression."""
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, check_names, free_port, worker_env
+
+pytest.importorskip("accelerate")
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("check", check_names("accelerate_checks"))
+def test_accelerate(launches, check):
+    launches("accelerate_checks", "torchrun").check(check)
+
+
+def accelerate_launch(*args, timeout=300):
+    """As a user runs the example: ``accelerate launch --multi_gpu`` starts the 2 processes
+    through torchrun (``--cpu`` would start one); Horovod is unimportable there."""
+    accelerate = str(pathlib.Path(sys.executable).parent / "accelerate")
+    command = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+               "accelerate_accordion.py", *args]
+    env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}"})
+    result = subprocess.run(command, cwd=REPO / "examples", env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.mark.multiworker
+def test_example_trains_and_switches_levels_both_ways():
+    output = accelerate_launch("--epochs", "6", "--decay-epoch", "4")
+    for rank in (0, 1):
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        assert len(losses) == 6 and losses[-1] < losses[0], output
+    assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
+    assert re.search(r"check after epoch 2: levels per layer: .*=1", output), output
+    assert "LR decay to" in output, output
+    assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank", output), output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["none", "rank1", "rank2", "topk", "accordion-topk"])
+def test_example_with_every_compression(compression):
+    output = accelerate_launch("--epochs", "1", "--compression", compression)
+    assert f"{compression}: test accuracy" in output, output
+    assert ("kB sent per rank" in output) == (compression != "none"), output

@@ -1,0 +1,46 @@
+"""Lightning with Accordion on 2 real CPU processes (``torchrun``, Gloo): a training launch,
+then a launch that resumes from its mid-run checkpoint; and the example, with every compression."""
+import re
+
+import pytest
+
+from tests.conftest import check_names, run_workers
+from tests.test_examples import run_example
+
+pytest.importorskip("lightning")
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    shared = tmp_path_factory.mktemp("lightning-shared")
+    env = {"ACCORDION_SHARED_DIR": str(shared)}
+    first = run_workers("lightning_checks", tmp_path_factory.mktemp("lightning"), controller="torchrun", env=env)
+    resumed = run_workers("lightning_resume_checks", tmp_path_factory.mktemp("lightning-resume"),
+                          controller="torchrun", env=env)
+    return {"lightning_checks": first, "lightning_resume_checks": resumed}
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("module,check", [(module, check) for module in ("lightning_checks", "lightning_resume_checks")
+                                          for check in check_names(module)])
+def test_lightning(launches, module, check):
+    launches[module].check(check)
+
+
+@pytest.mark.multiworker
+def test_example_trains_and_switches_levels_both_ways():
+    output = run_example("lightning_accordion.py", "--epochs", "6", "--decay-epoch", "4", launcher="torchrun")
+    losses = [float(x) for x in re.findall(r"\[rank 0\] epoch +\d+ +loss ([0-9.]+)", output)]
+    assert len(losses) == 6 and losses[-1] < losses[0], output
+    assert "check in epoch 0: levels per layer: net.0.weight=2" in output, output
+    assert re.search(r"check in epoch 2: levels per layer: .*=1", output), output
+    assert "LR decay to" in output, output
+    assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank", output), output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["none", "rank1", "rank2", "topk", "accordion-topk"])
+def test_example_with_every_compression(compression):
+    output = run_example("lightning_accordion.py", "--epochs", "1", "--compression", compression, launcher="torchrun")
+    assert f"{compression}: test accuracy" in output, output
+    assert ("kB sent per rank" in output) == (compression != "none"), output
