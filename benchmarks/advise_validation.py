@@ -136,8 +136,8 @@ def plot(rows, path):
             picked = [r if key == "profile" else r["compute_scaled"] for r in mine]
             median = [p["predicted_s"]["median"] for p in picked]
             axis.errorbar(median, [y + shift for y in ys],
-                          xerr=[[m - p["predicted_s"]["low"] for m, p in zip(median, picked)],
-                                [p["predicted_s"]["high"] - m for m, p in zip(median, picked)]],
+                          xerr=[[m - p["predicted_s"]["fastest"] for m, p in zip(median, picked)],
+                                [p["predicted_s"]["slowest"] - m for m, p in zip(median, picked)]],
                           fmt="o", color=colour, label=label)
         axis.set_xscale("log")
         axis.xaxis.set_major_formatter(FormatStrFormatter("%g"))

@@ -121,15 +121,17 @@ class Accordion:
         if mean_squared_norms is None:
             return self.detector.end_window()
         norms = [math.sqrt(s) / scale if s >= 0 else float("nan") for s in mean_squared_norms]
+        # The window's highest rate (None if none was observed), so that a log without epoch
+        # records still plots its schedule.
+        lr = self.detector.lr_current_window
         if not self.detector.end_window(norms):
             return False
         ratios = self.detector.last_ratios
         if not self.detector.per_layer:
             ratios = ratios * len(self.layer_names)
-        # The window's highest rate, so that a log without epoch records still plots its schedule.
         self.log.record_check(
             self.step, window, zip(self.layer_names, self.levels),
-            zip(self.layer_names, ratios), zip(self.layer_names, norms), lr=self.detector.lr_previous_window,
+            zip(self.layer_names, ratios), zip(self.layer_names, norms), lr=lr,
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
 

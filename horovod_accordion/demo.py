@@ -29,8 +29,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--interval", type=int, default=2,
-                        help="epochs per detection window: Accordion compares the gradient norms "
-                             "every `interval` windows (the paper's 10 suits 300-epoch runs)")
+                        help="windows (here, epochs) between two checks of the gradient norms "
+                             "(the paper's 10 suits 300-epoch runs)")
     args = parser.parse_args()
 
     hvd.init()

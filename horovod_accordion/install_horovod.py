@@ -10,8 +10,9 @@ controllers of the running environment: PyTorch and TensorFlow where importable,
 MPI where ``mpicc`` is found, and ``HOROVOD_GPU_OPERATIONS`` (e.g. ``NCCL``) when set.
 
 The wheel is cached (``--cache``, ``$HOROVOD_ACCORDION_CACHE``, ``~/.cache/horovod_accordion``)
-under a key of everything that changes its binary: Horovod, the patches, Python, the machine,
-the controllers, the GPU operations and each framework's version. A cached wheel built for
+under a key of what changes its binary: Horovod, the patches, Python, the machine and its C
+library, the controllers and the MPI version, the GPU operations and CUDA version, and each
+framework's version; no other HOROVOD_* variable reaches the build. A cached wheel built for
 more frameworks than this environment has, at the same versions, is reused: its extra
 framework's extension is simply never loaded. Then ``horovodrun --check-build`` must list
 every framework and controller that was asked for.
@@ -62,15 +63,28 @@ def describe_build(gpu_operations):
     if not frameworks:
         fail("neither torch nor tensorflow is installed here: install horovod_accordion[torch] or "
              "horovod_accordion[tensorflow] first, then run this again")
+    mpi = shutil.which("mpicc") is not None
     return {
         "horovod": patches["horovod"],
         "patches": hashlib.sha256(PATCHES.read_bytes()).hexdigest(),
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "controllers": ["gloo", "mpi"] if shutil.which("mpicc") else ["gloo"],
+        "libc": "-".join(platform.libc_ver()),
+        "controllers": ["gloo", "mpi"] if mpi else ["gloo"],
+        "mpi": first_line(["mpirun", "--version"]) if mpi else None,
         "gpu_operations": gpu_operations or None,
+        "cuda": first_line(["nvcc", "--version"], last=True) if gpu_operations else None,
         "frameworks": frameworks,
     }
+
+
+def first_line(command, last=False):
+    """The first (or last) line a tool prints about its version, or None where it is missing."""
+    try:
+        lines = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
+    except OSError:
+        return None
+    return (lines[-1] if last else lines[0]) if lines else None
 
 
 def cache_key(build):
@@ -132,9 +146,17 @@ def build_flags(build):
     return flags
 
 
+def build_environment(build, environ):
+    """``environ`` for Horovod's build: its setup reads every HOROVOD_* variable, so only those
+    that ``build`` (and so the cache key) describes may reach it."""
+    env = {key: value for key, value in environ.items() if not key.startswith("HOROVOD_")}
+    env.update(build_flags(build))
+    return env
+
+
 def build_wheel(build, destination):
     """Download, patch and compile Horovod; the wheel lands in ``destination``."""
-    env = dict(os.environ, **build_flags(build))
+    env = build_environment(build, os.environ)
     env["PATH"] = os.pathsep.join([str(pathlib.Path(cmake_3()).parent), env.get("PATH", "")])
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
     if "tensorflow" in build["frameworks"]:
@@ -150,7 +172,11 @@ def build_wheel(build, destination):
         pip = [sys.executable, "-m", "pip"]
         subprocess.run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(work),
                         f"horovod=={build['horovod']}"], check=True)
-        with tarfile.open(work / f"horovod-{build['horovod']}.tar.gz") as sdist:
+        archive = work / f"horovod-{build['horovod']}.tar.gz"
+        expected = json.loads(PATCHES.read_text())["sdist_sha256"]
+        if hashlib.sha256(archive.read_bytes()).hexdigest() != expected:
+            fail(f"{archive.name} does not have the sha256 the patches were made for ({expected})")
+        with tarfile.open(archive) as sdist:
             # Python < 3.11.4 (Debian 12's 3.11.2) has no extraction filters.
             sdist.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         source = work / f"horovod-{build['horovod']}"
@@ -198,7 +224,10 @@ def main(argv=None):
         check_build(build)
         return
     log(f"installing {wheel}")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", str(wheel)], check=True)
+    # --no-deps: a cached wheel installs offline, and leaves the dependencies' versions alone.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)],
+                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", str(wheel)], check=True)
     marker.write_text(str(wheel))
     check_build(build)
 

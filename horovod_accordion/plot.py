@@ -45,7 +45,8 @@ def learning_rates(records, when):
     state's own log), the rates its checks and decay events saw."""
     epochs = [r for r in records if r["event"] == "epoch"]
     events = epochs or [r for r in records if r["event"] in ("check", "lr_decay") and r.get("lr") is not None]
-    return sorted((when(r), r["lr"]) for r in events)
+    # A decay is logged at the step of the check before it: sort by time alone, keeping the log's order.
+    return sorted(((when(r), r["lr"]) for r in events), key=lambda point: point[0])
 
 
 def _varying_layer(checks):

@@ -46,13 +46,15 @@ def prepare_accordion(model, state, optimizer=None, checkpoint=None):
     checkpoint = checkpoint or ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            files = sorted(pathlib.Path(directory).glob(_FILE.format("*")),
-                           key=lambda path: int(re.search(r"(\d+)\.pt$", path.name)[1]))
-            if not files:
+            saved = {int(re.search(r"(\d+)\.pt$", path.name)[1]): path
+                     for path in pathlib.Path(directory).glob(_FILE.format("*"))}
+            if not saved:
                 warnings.warn("the checkpoint Ray resumes from holds no Accordion state (accordion-rank*.pt): "
                               "Accordion starts afresh (levels, detector, error feedback)")
             else:
-                EveryRankState(state).load_state_dict([torch.load(path, weights_only=True) for path in files])
+                EveryRankState(state).load_state_dict([
+                    torch.load(saved[rank], weights_only=True, map_location="cpu") if rank in saved else None
+                    for rank in range(max(saved) + 1)])
     return state
 
 

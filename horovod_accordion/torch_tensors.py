@@ -11,9 +11,20 @@ import torch
 from horovod_accordion.compression import kept_count, matrix_shape
 from horovod_accordion.reducers import start_fused_allreduce_mean
 
-__all__ = ["Level", "TorchTensorOps", "summary_writer"]
+__all__ = ["Level", "TorchTensorOps", "map_leaves", "summary_writer"]
 
 _WIRE_DTYPES = {torch.bfloat16: torch.float32}
+
+
+def map_leaves(value, leaf_type, function):
+    """``value`` with every ``leaf_type`` inside its dicts, lists and tuples replaced by ``function(leaf)``."""
+    if isinstance(value, leaf_type):
+        return function(value)
+    if isinstance(value, dict):
+        return {key: map_leaves(item, leaf_type, function) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_leaves(item, leaf_type, function) for item in value)
+    return value
 
 
 def summary_writer(logdir):

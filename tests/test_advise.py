@@ -83,7 +83,7 @@ def test_accordion_mixes_its_levels_by_the_fraction_at_low():
     link = parse_link("1gbit")
     at = {fraction: predict(profile, "accordion:powersgd:4/1", "horovod", 16, link, low_fraction=fraction)
           for fraction in (0.0, 0.25, 1.0)}
-    for statistic in ("low", "median", "high"):
+    for statistic in ("fastest", "median", "slowest"):
         assert at[0.25][statistic] == pytest.approx(0.25 * at[1.0][statistic] + 0.75 * at[0.0][statistic])
 
 

@@ -53,6 +53,14 @@ def test_the_gpu_operations_join_the_build_flags_and_the_key():
     assert flags["HOROVOD_WITH_PYTORCH"] == flags["HOROVOD_WITHOUT_TENSORFLOW"] == flags["HOROVOD_WITH_MPI"] == "1"
 
 
+def test_only_the_horovod_variables_the_key_describes_reach_the_build():
+    environ = {"PATH": "/usr/bin", "HOROVOD_GPU_ALLREDUCE": "NCCL", "HOROVOD_GPU_OPERATIONS": "NCCL",
+               "HOROVOD_WITHOUT_GLOO": "1"}
+    env = install_horovod.build_environment(BUILD, environ)
+    assert env["PATH"] == "/usr/bin"
+    assert {k: v for k, v in env.items() if k.startswith("HOROVOD_")} == install_horovod.build_flags(BUILD)
+
+
 def test_each_patch_must_match_exactly_once(tmp_path):
     edits = json.loads(install_horovod.PATCHES.read_text())["edits"]
     for edit in edits:

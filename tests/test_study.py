@@ -97,6 +97,7 @@ def test_a_log_without_epochs_plots_the_rates_its_checks_and_decays_saw():
     records, and one decay event alone is not a schedule."""
     from horovod_accordion.plot import learning_rates
     records = [{"event": "check", "step": 10, "lr": 0.1}, {"event": "check", "step": 30, "lr": 0.1},
-               {"event": "lr_decay", "step": 41, "lr": 0.01}, {"event": "check", "step": 50, "lr": 0.01},
-               {"event": "step", "step": 51}]
-    assert learning_rates(records, lambda r: r["step"]) == [(10, 0.1), (30, 0.1), (41, 0.01), (50, 0.01)]
+               {"event": "lr_decay", "step": 30, "lr": 0.01}, {"event": "check", "step": 50, "lr": 0.01},
+               {"event": "check", "step": 60, "lr": None}, {"event": "step", "step": 61}]
+    # The decay shares its step with the check before it, and comes after it, as in the log.
+    assert learning_rates(records, lambda r: r["step"]) == [(10, 0.1), (30, 0.1), (30, 0.01), (50, 0.01)]

@@ -14,7 +14,7 @@ from horovod_accordion.advise.wire import collective_seconds
 
 __all__ = ["STATISTICS", "predict", "low_fraction_from_study", "step_of"]
 
-STATISTICS = {"low": min, "median": statistics.median, "high": max}
+STATISTICS = {"fastest": min, "median": statistics.median, "slowest": max}
 
 
 def _exchange(profile, variant, layout, workers):
@@ -40,7 +40,7 @@ def step_of(profile, exchange, statistic):
 
 
 def predict(profile, variant, layout, workers, link, algorithm="ring", low_fraction=0.5, check_every=1):
-    """``{"low", "median", "high"}`` seconds per step of ``variant`` (a profiled name)."""
+    """``{"fastest", "median", "slowest"}`` seconds per step of ``variant`` (a profiled name)."""
     levels = _exchange(profile, variant, layout, workers)
     weights = {"fixed": 1.0} if "fixed" in levels else {"low": low_fraction, "high": 1.0 - low_fraction}
     if not 0 <= low_fraction <= 1:

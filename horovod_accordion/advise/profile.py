@@ -28,7 +28,8 @@ BUCKET_CAP_MB = 25  # the default of our optimizer and of DDP
 
 
 class _Cast:
-    """A dense compressor, as Horovod's: the wire tensor and what restores it."""
+    """Horovod's ``Compression.none`` and ``fp16``, in their interface (the wire tensor and what
+    restores it): the profile is taken where Horovod may not be built, e.g. on a laptop."""
 
 
 class _NoCast(_Cast):

@@ -19,7 +19,7 @@ def table(results, workers, links, variants):
                 p = results[(link.name, w, variant)]
                 against = [f"{_speedup(results[(link.name, w, base)], p):7.2f}x" if (link.name, w, base) in results
                            else f"{'-':>8}" for base in ("none", "fp16")]
-                spread = f"{p['low'] * 1e3:.1f}–{p['high'] * 1e3:.1f}"
+                spread = f"{p['fastest'] * 1e3:.1f}–{p['slowest'] * 1e3:.1f}"
                 lines.append(f"{w:>7}  {variant:<26}{p['median'] * 1e3:9.1f}  {spread:<17}{against[0]} {against[1]}")
     return "\n".join(lines)
 
@@ -37,7 +37,7 @@ def verdicts(results, workers, links, variants):
                                                          key=lambda v: results[(link.name, w, v)]["median"])
             if (link.name, w, other) in results and other != fastest:
                 theirs = results[(link.name, w, other)]
-                overlap = " — within the measured spread" if best["high"] >= theirs["low"] else ""
+                overlap = " — within the measured spread" if best["slowest"] >= theirs["fastest"] else ""
                 line += f", {_speedup(theirs, best):.2f}x {other}'s{overlap}"
             lines.append(line + ")")
     return lines
@@ -56,8 +56,8 @@ def plot(results, workers, links, variants, path):
             none = [results[(link.name, w, "none")]["median"] for w in workers]
             mine = [results[(link.name, w, variant)] for w in workers]
             line, = axis.plot(workers, [n / p["median"] for n, p in zip(none, mine)], marker="o", label=variant)
-            axis.fill_between(workers, [n / p["high"] for n, p in zip(none, mine)],
-                              [n / p["low"] for n, p in zip(none, mine)], color=line.get_color(), alpha=0.15)
+            axis.fill_between(workers, [n / p["slowest"] for n, p in zip(none, mine)],
+                              [n / p["fastest"] for n, p in zip(none, mine)], color=line.get_color(), alpha=0.15)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.axhline(1.0, color="grey", linewidth=0.8)

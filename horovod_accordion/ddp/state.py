@@ -153,7 +153,11 @@ class AccordionState:
         if accordion.adaptive and accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
         if self._saved is not None:
-            self.load_state_dict(self._saved)
+            try:
+                self.load_state_dict(self._saved)
+            except ValueError:
+                self._exchange = None  # not half-bound: the state stays as it was, the checkpoint with it
+                raise
             self._saved = None
         if self._lr_before_binding is not None:
             self._exchange.observe_lr(self._lr_before_binding)
@@ -164,10 +168,15 @@ class AccordionState:
         order and built from ``model.parameters()`` reversed: read back from the last bucket
         to the first, they are in the model's order, the same on every rank."""
         params = [p for bucket in sorted(self._arrived, key=lambda b: -b.index) for p in bucket.params]
+        names = [f"parameters[{i}]" for i in range(len(params))]
         saved_names = (self._saved or {}).get("schedule", {}).get("layer_names")
-        names = saved_names if saved_names and len(saved_names) == len(params) else \
-            [f"parameters[{i}]" for i in range(len(params))]
-        self._bind_parameters(list(names), params)
+        if saved_names and saved_names != names:
+            # Named by a model: DDP's bucket order need not be the model's (several dtypes), so
+            # matching the names by position could give one layer another's memory.
+            raise ValueError(f"the checkpoint loaded into this state names its layers after a model "
+                             f"({saved_names[0]!r}, ...): pass model= to AccordionState, or call bind(model), "
+                             f"before the first step")
+        self._bind_parameters(names, params)
 
     @property
     def bound(self):
@@ -214,6 +223,11 @@ class AccordionState:
     def load_state_dict(self, state_dict):
         """Restore a ``state_dict()``; before the state is bound, it is restored when it binds."""
         if not self.bound:
+            # What can be checked without the parameters is checked now, where the mistake is made.
+            saved_levels = tuple((state_dict or {}).get("schedule", {}).get("levels", self.compression.levels))
+            if saved_levels != tuple(self.compression.levels):
+                raise ValueError(f"checkpoint levels {saved_levels} differ from this state's "
+                                 f"{tuple(self.compression.levels)}")
             self._saved = state_dict
             return
         if self._waiting:

@@ -7,10 +7,12 @@ error-feedback memories and detection window are each rank's own, so the checkpo
 every rank's state dict and each rank loads its own.
 """
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp.state import accordion_hook
+from horovod_accordion.torch_tensors import map_leaves
 
 __all__ = ["EveryRankState", "attach", "step_metrics"]
 
@@ -60,8 +62,10 @@ class EveryRankState:
         self.state = state
 
     def state_dict(self):
+        # On the CPU: a pickled CUDA tensor would unpickle onto the sender's device, on every rank.
+        mine = map_leaves(self.state.state_dict(), torch.Tensor, lambda tensor: tensor.cpu())
         gathered = [None] * dist.get_world_size(self.state.process_group)
-        dist.all_gather_object(gathered, self.state.state_dict(), group=self.state.process_group)
+        dist.all_gather_object(gathered, mine, group=self.state.process_group)
         return gathered
 
     def load_state_dict(self, saved):

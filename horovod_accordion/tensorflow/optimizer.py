@@ -167,6 +167,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     per communication instead of the compression level; ``compression`` stays fixed.
     With ``Compression.none`` or ``fp16`` and neither ``log_path`` nor ``tensorboard_dir``,
     this is Horovod's own optimizer; with either, Accordion's, which records the traffic.
+    Accordion's has no ``device_dense``, ``device_sparse``, ``num_groups``, ``groups`` or
+    ``scale_local_gradients``: set away from Horovod's defaults, they raise a ``ValueError``;
+    sparse gradients need ``sparse_as_dense=True``.
     """
     _require_keras2(optimizer)
     # Plain none or fp16 is Horovod's own optimizer, unless a traffic record is asked for: then
@@ -180,6 +183,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
             process_set=process_set, scale_local_gradients=scale_local_gradients)
+    horovod_only = [f"{name}={value!r}" for name, value, default in (
+        ("device_dense", device_dense, ''), ("device_sparse", device_sparse, ''), ("num_groups", num_groups, 0),
+        ("groups", groups, None), ("scale_local_gradients", scale_local_gradients, True)) if value != default]
+    if horovod_only:
+        instead = "" if isinstance(compression, (PowerSGD, TopK)) or batch_switch is not None else \
+            ", or drop log_path and tensorboard_dir to get Horovod's own optimizer"
+        raise ValueError(f"Accordion's Keras optimizer does not take {', '.join(horovod_only)}: leave them at "
+                         f"Horovod's defaults{instead}")
     options = dict(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                    sparse_as_dense=sparse_as_dense, process_set=process_set, eta=eta, interval=interval,
                    window_steps=window_steps, per_layer=per_layer, lr_decay_factor=lr_decay_factor,

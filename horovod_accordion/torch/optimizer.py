@@ -36,7 +36,7 @@ from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch.ops import TorchOps
-from horovod_accordion.torch_tensors import summary_writer
+from horovod_accordion.torch_tensors import map_leaves, summary_writer
 
 __all__ = ["AccordionOptimizer", "DistributedOptimizer", "broadcast_optimizer_state"]
 
@@ -357,17 +357,6 @@ class _TensorSlot:
         self.shape, self.dtype, self.on_cpu = tuple(tensor.shape), tensor.dtype, tensor.device.type == "cpu"
 
 
-def _map_leaves(value, leaf_type, function):
-    """``value`` with every ``leaf_type`` inside its dicts, lists and tuples replaced by ``function(leaf)``."""
-    if isinstance(value, leaf_type):
-        return function(value)
-    if isinstance(value, dict):
-        return {key: _map_leaves(item, leaf_type, function) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_leaves(item, leaf_type, function) for item in value)
-    return value
-
-
 def _broadcast_state(state, root_rank, process_set, device):
     """``root_rank``'s ``state`` on every rank. Its tensors travel as tensors, as in Horovod's
     ``broadcast_optimizer_state``, each landing on this rank's ``device`` (or on the CPU, where
@@ -380,7 +369,7 @@ def _broadcast_state(state, root_rank, process_set, device):
         sent.append(tensor)
         return _TensorSlot(tensor)
 
-    skeleton = hvd.broadcast_object(_map_leaves(state, torch.Tensor, to_slot) if root else None,
+    skeleton = hvd.broadcast_object(map_leaves(state, torch.Tensor, to_slot) if root else None,
                                     root_rank=root_rank, name="accordion.optimizer_state", process_set=process_set)
     buffers = []
 
@@ -393,7 +382,7 @@ def _broadcast_state(state, root_rank, process_set, device):
             buffers.append(torch.empty(slot.shape, dtype=slot.dtype, device=where))
         return buffers[-1]
 
-    received = _map_leaves(skeleton, _TensorSlot, to_buffer)
+    received = map_leaves(skeleton, _TensorSlot, to_buffer)
     handles = [hvd.broadcast_async_(tensor, root_rank, name=f"accordion.optimizer_state.{k}", process_set=process_set)
                for k, tensor in enumerate(buffers)]
     for handle in handles:

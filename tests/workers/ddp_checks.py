@@ -241,45 +241,87 @@ def check_misuse_raises_before_any_collective():
 
 
 def check_a_state_built_without_the_model_binds_itself_and_equals_the_bound_one():
-    """Built before DDP wraps the model, as a trainer does, with the LR told by ``observe_lr``
-    (once before the first step) and buckets of one parameter each: the first hook call binds
-    it, in the model's order, and 14 steps give bitwise the parameters and checks of a state
-    given the model and optimizer. Pickled unbound, and mid-run, it resumes as well."""
+    """Built before DDP wraps the model, as a trainer does, with the LR told by ``observe_lr``:
+    the first step's buckets bind it, in the model's order, and 14 steps give bitwise the
+    parameters and checks of a state given the model and optimizer. Pickled unbound, and
+    mid-run, it resumes as well. DDP puts every parameter in one bucket for its first step
+    (with a static graph too) unless ``find_unused_parameters`` is on: that run binds from
+    several buckets, held until the last one arrives."""
     report = {}
+    layouts = {"one first bucket": dict(bucket_cap_mb=0.001),
+               "find_unused_parameters": dict(bucket_cap_mb=0.001, find_unused_parameters=True),
+               "static_graph": dict(bucket_cap_mb=0.001, static_graph=True)}
     for name, compression in COMPRESSIONS.items():
         model, optimizer, state = hooked(compression)
         train(model, optimizer, 14, decay_at=10)
-
-        free_state = AccordionState(compression=compression, window_steps=2, interval=1)
-        free_state = pickle.loads(pickle.dumps(free_state))  # unbound: nothing but the options
-        assert not free_state.bound and free_state.levels == {} and free_state.state_dict() is None
-        free = DistributedDataParallel(make_model(), bucket_cap_mb=0.001)
-        free_optimizer = torch.optim.SGD(free.parameters(), lr=0.05, momentum=0.9)
-        free.register_comm_hook(free_state, accordion_hook)
-        for step in range(14):
-            if step == 10:
-                free_optimizer.param_groups[0]["lr"] /= 4
-            free_state.observe_lr(free_optimizer.param_groups[0]["lr"])
-            train(free, free_optimizer, 1, first=step)
-            if step == 6:  # a pickled round trip of the bound state, mid-window, on a new model
-                moved = pickle.loads(pickle.dumps(free_state))
-                rebuilt = make_model(seed=1)
-                rebuilt.load_state_dict(free.module.state_dict())
-                optimizer_state = free_optimizer.state_dict()
-                free = DistributedDataParallel(rebuilt, bucket_cap_mb=0.001)
-                free_optimizer = torch.optim.SGD(free.parameters(), lr=0.05, momentum=0.9)
-                free_optimizer.load_state_dict(optimizer_state)
-                free_state = moved
-                free.register_comm_hook(free_state, accordion_hook)
-        assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in range(6)]
-        for (layer, p), q in zip(model.named_parameters(), free.parameters()):
-            assert torch.equal(p, q), f"{name}, {layer}: max diff {(p - q).abs().max():.3e}"
         ours = [(event, step, list(levels.values())) for event, step, levels in levels_history(state.accordion_stats())]
-        theirs = [(event, step, list(levels.values()))
-                  for event, step, levels in levels_history(free_state.accordion_stats())]
-        assert ours == theirs and any(event == "lr_decay" for event, _, _ in ours), (ours, theirs)
+        for layout, ddp_options in layouts.items():
+            binding_buckets = []
+
+            def counting_hook(hook_state, bucket):
+                if not hook_state.bound:  # the buckets that arrive before the state binds
+                    binding_buckets.append(bucket.index())
+                return accordion_hook(hook_state, bucket)
+
+            free_state = AccordionState(compression=compression, window_steps=2, interval=1)
+            free_state = pickle.loads(pickle.dumps(free_state))  # unbound: nothing but the options
+            assert not free_state.bound and free_state.levels == {} and free_state.state_dict() is None
+            free = DistributedDataParallel(make_model(), **ddp_options)
+            free_optimizer = torch.optim.SGD(free.parameters(), lr=0.05, momentum=0.9)
+            free.register_comm_hook(free_state, counting_hook)
+            for step in range(14):
+                if step == 10:
+                    free_optimizer.param_groups[0]["lr"] /= 4
+                free_state.observe_lr(free_optimizer.param_groups[0]["lr"])
+                train(free, free_optimizer, 1, first=step)
+                if step == 6:  # a pickled round trip of the bound state, mid-window, on a new model
+                    moved = pickle.loads(pickle.dumps(free_state))
+                    rebuilt = make_model(seed=1)
+                    rebuilt.load_state_dict(free.module.state_dict())
+                    optimizer_state = free_optimizer.state_dict()
+                    free = DistributedDataParallel(rebuilt, **ddp_options)
+                    free_optimizer = torch.optim.SGD(free.parameters(), lr=0.05, momentum=0.9)
+                    free_optimizer.load_state_dict(optimizer_state)
+                    free_state = moved
+                    free.register_comm_hook(free_state, accordion_hook)
+            assert (len(binding_buckets) > 1) == (layout == "find_unused_parameters"), (layout, binding_buckets)
+            assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in range(6)]
+            for (layer, p), q in zip(model.named_parameters(), free.parameters()):
+                assert torch.equal(p, q), f"{name}, {layout}, {layer}: max diff {(p - q).abs().max():.3e}"
+            theirs = [(event, step, list(levels.values()))
+                      for event, step, levels in levels_history(free_state.accordion_stats())]
+            assert ours == theirs and any(event == "lr_decay" for event, _, _ in ours), (layout, ours, theirs)
         report[name] = len(ours)
     return report
+
+
+def check_a_checkpoint_loaded_before_binding_is_checked_where_it_can_be():
+    """Another compression's checkpoint is refused by load_state_dict itself, not in the first
+    backward; one whose layers are named after a model is refused at the first step, before
+    the cross-rank check, and leaves the state unbound, so that bind(model) can follow."""
+    model, optimizer, state = hooked(PowerSGD(2, 1))
+    train(model, optimizer, 2)
+    named = state.state_dict()
+    try:
+        AccordionState(compression=TopK(0.5, 0.1)).load_state_dict(named)
+        raise AssertionError("a PowerSGD checkpoint loaded into an unbound TopK state")
+    except ValueError as error:
+        assert "levels" in str(error), error
+    free_state = AccordionState(compression=PowerSGD(2, 1), window_steps=2, interval=1)
+    free_state.load_state_dict(named)
+    free = DistributedDataParallel(make_model())
+    free.register_comm_hook(free_state, accordion_hook)
+    try:
+        loss_at(free, 0).backward()
+        raise AssertionError("model-named layers bound by position")
+    except ValueError as error:
+        assert "pass model=" in str(error) and not free_state.bound, error
+    free.zero_grad()
+    rebuilt = DistributedDataParallel(make_model())
+    rebuilt.register_comm_hook(free_state, accordion_hook)
+    free_state.bind(rebuilt)
+    assert free_state.bound and free_state.levels == state.levels
+    return sorted(free_state.levels)
 
 
 def check_no_sync_accumulates_and_communicates_once():

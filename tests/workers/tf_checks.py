@@ -257,6 +257,11 @@ def check_bad_tensorflow_configuration_raises_before_any_collective():
         lambda: hvd.Compression.cast(tf.bfloat16),
         lambda: hvd_keras.DistributedOptimizer(object(), compression=hvd.Compression.topk(0.5)),
         lambda: hvd.DistributedGradientTape(tf.GradientTape(), compression=hvd.Compression.topk(0.5)),
+        # Horovod's own arguments that Accordion's Keras optimizer has no use for: never dropped silently
+        lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.topk(0.5),
+                                               num_groups=2),
+        lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.none,
+                                               log_path=os.devnull, scale_local_gradients=False),
     ]
     if hvd.rank() == 1:  # a collective entered by rank 1 alone would hang this check
         for case in cases:
