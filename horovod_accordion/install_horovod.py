@@ -154,10 +154,15 @@ def build_environment(build, environ):
     return env
 
 
+def prepend_paths(env, key, paths):
+    """Put ``paths`` before ``env[key]``'s own, which a new machine may not have set at all."""
+    env[key] = os.pathsep.join(paths + ([env[key]] if env.get(key) else []))
+
+
 def build_wheel(build, destination):
     """Download, patch and compile Horovod; the wheel lands in ``destination``."""
     env = build_environment(build, os.environ)
-    env["PATH"] = os.pathsep.join([str(pathlib.Path(cmake_3()).parent), env.get("PATH", "")])
+    prepend_paths(env, "PATH", [str(pathlib.Path(cmake_3()).parent)])
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
     if "tensorflow" in build["frameworks"]:
         # TF's wheel keeps highwayhash and farmhash under include/external/, where Horovod's
@@ -165,8 +170,8 @@ def build_wheel(build, destination):
         include = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.sysconfig.get_include())"],
                                  capture_output=True, text=True, check=True, env=dict(env, TF_CPP_MIN_LOG_LEVEL="3"))
         include = include.stdout.strip().splitlines()[-1]
-        extra = [f"{include}/external/highwayhash", f"{include}/external/farmhash_archive/src"]
-        env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(extra + [env["CPLUS_INCLUDE_PATH"]] * ("CPLUS_INCLUDE_PATH" in env))
+        prepend_paths(env, "CPLUS_INCLUDE_PATH",
+                      [f"{include}/external/highwayhash", f"{include}/external/farmhash_archive/src"])
     with tempfile.TemporaryDirectory() as work:
         work = pathlib.Path(work)
         pip = [sys.executable, "-m", "pip"]

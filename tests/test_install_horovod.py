@@ -77,3 +77,11 @@ def test_each_patch_must_match_exactly_once(tmp_path):
 def test_the_patches_ship_in_the_package():
     patches = json.loads(install_horovod.PATCHES.read_text())
     assert patches["horovod"] == "0.28.1" and all(edit["why"] for edit in patches["edits"])
+
+
+@pytest.mark.parametrize("before, after", [({}, "/a:/b"), ({"CPLUS_INCLUDE_PATH": ""}, "/a:/b"),
+                                           ({"CPLUS_INCLUDE_PATH": "/c"}, "/a:/b:/c")])
+def test_include_paths_go_first_whether_or_not_the_machine_set_any(before, after):
+    env = dict(before)
+    install_horovod.prepend_paths(env, "CPLUS_INCLUDE_PATH", ["/a", "/b"])
+    assert env["CPLUS_INCLUDE_PATH"] == after
