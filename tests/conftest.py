@@ -107,11 +107,11 @@ def launches(tmp_path_factory):
     """``launches(module, controller)`` runs a worker module once per session and controller."""
     cache = {}
 
-    def get(module_name, controller, np=2, timeout=300):
+    def get(module_name, controller, np=2, timeout=300, env=None):
         key = (module_name, controller, np)
         if key not in cache:
             out_dir = tmp_path_factory.mktemp(f"{module_name}-{controller}")
-            cache[key] = run_workers(module_name, out_dir, np=np, controller=controller, timeout=timeout)
+            cache[key] = run_workers(module_name, out_dir, np=np, controller=controller, timeout=timeout, env=env)
         return cache[key]
 
     return get

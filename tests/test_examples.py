@@ -75,6 +75,15 @@ def test_keras_fit_example_with_batch_switching():
 
 
 @pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["accordion-topk", "accordion", "none", "fp16", "rank1", "topk"])
+def test_keras3_fit_example_with_every_compression(compression):
+    output = run_example("keras3_fit.py", "--epochs", "3", "--compression", compression,
+                         env={"TF_USE_LEGACY_KERAS": ""})
+    assert output.count("level per layer: dense=") == 3, output
+    assert re.search(r"test accuracy 0\.\d+; bytes sent per rank \d+", output), output
+
+
+@pytest.mark.multiworker
 def test_tensorflow_custom_loop_example_traces_once():
     output = run_example("tensorflow_custom_loop.py", "--epochs", "3")
     assert output.count("traced 1 time(s)") == 2, output

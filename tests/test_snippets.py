@@ -1,6 +1,6 @@
 """The getting-started scripts run as written, each on 2 Gloo ranks, switching from ℓ_low to
-ℓ_high: docs/getting-started/torch.md, docs/getting-started/keras.md and
-docs/getting-started/tensorflow.md with horovodrun, docs/getting-started/ddp.md with torchrun.
+ℓ_high: docs/getting-started/torch.md, docs/getting-started/keras.md, docs/getting-started/keras3.md
+and docs/getting-started/tensorflow.md with horovodrun, docs/getting-started/ddp.md with torchrun.
 The README.md shows the first two, and must show them unchanged."""
 import pathlib
 import re
@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, free_port, worker_env
 from tests.test_docs import code_blocks
 
-PAGES = ["torch", "keras", "tensorflow", "ddp"]
+PAGES = ["torch", "keras", "keras3", "tensorflow", "ddp"]
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
 
@@ -29,7 +29,8 @@ def test_the_getting_started_script_switches_levels_when_run_as_written(name, tm
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                 "127.0.0.1", "--master_port", str(free_port())] if name == "ddp" else \
         [HOROVODRUN, "-np", "2", "--gloo", sys.executable]
-    result = subprocess.run([*launcher, str(script)], cwd=tmp_path, env=worker_env(),
+    env = worker_env({"TF_USE_LEGACY_KERAS": ""} if name == "keras3" else None)
+    result = subprocess.run([*launcher, str(script)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     levels = re.findall(r"^(?:\[0\]<stdout>:)?epoch \d+: PowerSGD rank per layer \[([\d, ]+)\]", result.stdout, re.M)

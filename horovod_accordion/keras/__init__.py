@@ -6,7 +6,7 @@ if os.environ.get("TF_USE_LEGACY_KERAS") != "1":
     raise ImportError(
         "horovod_accordion.keras needs Keras 2 (tf_keras): Keras 3, which TensorFlow >= 2.16 uses by "
         "default, breaks horovod.tensorflow.keras (horovod#4290). Set TF_USE_LEGACY_KERAS=1 before "
-        "importing TensorFlow and pip install tf-keras.")
+        "importing TensorFlow and pip install tf-keras; or, with Keras 3, import horovod_accordion.keras3.")
 
 from horovod.tensorflow.keras import *  # noqa: F401,F403,E402 - the one-import-line drop-in
 from horovod.tensorflow.keras import init, rank, size, Average, Sum  # noqa: F401,E402

@@ -23,7 +23,7 @@ from horovod.tensorflow.keras.elastic import *  # noqa: F401,F403 - the state ca
 from horovod.tensorflow.keras.elastic import KerasState as _HorovodKerasState
 from tensorflow.errors import OpError
 
-from horovod_accordion.tensorflow.optimizer import _build_weights
+from horovod_accordion.tensorflow.keras_optimizer import build_weights
 
 
 def run(func):
@@ -48,7 +48,7 @@ class KerasState(_HorovodKerasState):
         optimizer = optimizer or model.optimizer
         self._accordion = None
         if hasattr(optimizer, "accordion_state_for"):  # Accordion's optimizer, not a plain Horovod one
-            _build_weights(optimizer, model.trainable_variables)
+            build_weights(optimizer, model.trainable_variables)
             self._accordion = optimizer.accordion_state_for(model.trainable_variables)
         super().__init__(model, optimizer=optimizer, **kwargs)
 

@@ -28,6 +28,11 @@ __all__ = ["AccordionState"]
 _OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}
 
 
+def _variable_name(variable):
+    """Keras 3 names a variable within its layer (``kernel``) and gives the unique name as its ``path``."""
+    return getattr(variable, "path", variable.name)
+
+
 class AccordionState(tf.Module):
     """Accordion for a list of TensorFlow variables.
 
@@ -59,9 +64,10 @@ class AccordionState(tf.Module):
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step
         variables = list(variables)
-        names = [v.name for v in variables]
+        names = [_variable_name(v) for v in variables]
         shapes = [tuple(v.shape) for v in variables]
-        check_real_floating(names, [v.dtype.name for v in variables], [v.dtype.is_floating for v in variables])
+        dtypes = [tf.as_dtype(v.dtype) for v in variables]
+        check_real_floating(names, [d.name for d in dtypes], [d.is_floating for d in dtypes])
         self._op = op
         self._sparse_as_dense = sparse_as_dense
         self._shapes = shapes
@@ -121,8 +127,8 @@ class AccordionState(tf.Module):
         position = next((k for k, (a, b) in enumerate(zip(variables, self._variables)) if a is not b),
                         None if len(variables) == len(self._variables) else min(len(variables), len(self._variables)))
         if position is not None:
-            given = variables[position].name if position < len(variables) else "nothing"
-            expected = self._variables[position].name if position < len(self._variables) else "nothing"
+            given = _variable_name(variables[position]) if position < len(variables) else "nothing"
+            expected = _variable_name(self._variables[position]) if position < len(self._variables) else "nothing"
             raise ValueError(
                 f"the {len(variables)} variables given are not this AccordionState's {len(self._variables)}, in "
                 f"its order: at position {position}, {given} was given where it has {expected}. Pass the same "
@@ -131,7 +137,7 @@ class AccordionState(tf.Module):
     def check_same_variables_on_all_ranks(self):
         """A collective: at construction, or under ``hvd.elastic`` at every state sync."""
         check_same_exchange_on_all_ranks(self._ops, self._schedule.layer_names, self._shapes,
-                                         [v.dtype.name for v in self._variables], self._compression)
+                                         [tf.as_dtype(v.dtype).name for v in self._variables], self._compression)
 
     def snapshot(self):
         """Every variable's value, for an in-memory commit (``hvd.elastic``)."""

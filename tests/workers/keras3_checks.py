@@ -1,0 +1,200 @@
+"""Keras 3 (TensorFlow 2.21's default Keras) on 2 real Horovod processes. The same process also
+runs tf_keras, through ``horovod_accordion.tensorflow``'s optimizer, as the reference: both
+Keras packages import side by side, whatever ``TF_USE_LEGACY_KERAS`` says."""
+import os
+import tempfile
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tf_keras
+import horovod.tensorflow as horovod_tf
+
+import horovod_accordion.keras3 as hvd
+from horovod_accordion.tensorflow.keras_callback import AccordionCallbackMixin
+from horovod_accordion.tensorflow.optimizer import DistributedOptimizer as Keras2DistributedOptimizer
+
+DECAY_EPOCH = 6
+EPOCHS = 9
+STEPS_PER_EPOCH = 8  # 256 samples per rank, batches of 32
+
+
+def setup():
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    assert not os.environ.get("TF_USE_LEGACY_KERAS"), "this launch is Keras 3's"
+    return hvd.rank()
+
+
+class Keras2AccordionCallback(AccordionCallbackMixin, tf_keras.callbacks.Callback):
+    """horovod_accordion.keras.AccordionCallback, which that package only exports under TF_USE_LEGACY_KERAS=1."""
+    schedule_type = tf_keras.optimizers.schedules.LearningRateSchedule
+
+
+def initial_weights():
+    """The same on every rank and for both Kerases: (16→32→16→4) kernels and biases."""
+    rng = np.random.RandomState(0)
+    shapes = [(16, 32), (32,), (32, 16), (16,), (16, 4), (4,)]
+    return [(rng.standard_normal(s) * (0.3 if len(s) == 2 else 0.1)).astype(np.float32) for s in shapes]
+
+
+def make_model(keras_module):
+    layers = keras_module.layers
+    model = keras_module.Sequential([keras_module.Input((16,)), layers.Dense(32, activation="relu"),
+                                     layers.Dense(16, activation="relu"), layers.Dense(4)])
+    model.set_weights(initial_weights())
+    return model
+
+
+def rank_dataset(samples=256):
+    rng = np.random.RandomState(hvd.rank())
+    x = rng.standard_normal((samples, 16)).astype(np.float32)
+    y = (np.abs(x[:, :4]).argmax(axis=1)).astype(np.int64)
+    return x, y
+
+
+def weights_identical_across_ranks(model):
+    flat = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    everyone = horovod_tf.allgather(tf.constant(flat[None, :])).numpy()
+    return np.array_equal(everyone[0], everyone[1])
+
+
+def adaptive_powersgd():
+    return hvd.Compression.powersgd(2, 1, min_compression_rate=0)
+
+
+def fit(keras_module, wrap, callback, epochs=EPOCHS, compression=None, interval=2, **compile_args):
+    """``epochs`` of fit with a 10x LR decay at DECAY_EPOCH; the model, its optimizer, and the
+    levels at each epoch end."""
+    model = make_model(keras_module)
+    optimizer = wrap(keras_module.optimizers.SGD(0.05), compression=compression or adaptive_powersgd(),
+                     interval=interval)
+    model.compile(optimizer=optimizer, loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  **compile_args)
+    levels = []
+
+    class LevelRecorder(keras_module.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            levels.append(list(optimizer.accordion_state.levels.values()))
+
+    schedule = keras_module.callbacks.LearningRateScheduler(lambda e, lr: lr / 10 if e == DECAY_EPOCH else lr)
+    x, y = rank_dataset()
+    model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[schedule, callback(), LevelRecorder()])
+    return model, optimizer, levels
+
+
+def check_fit_switches_both_ways_and_equals_the_tf_keras_path():
+    model, optimizer, levels = fit(keras, hvd.DistributedOptimizer, hvd.AccordionCallback, jit_compile=False)
+    assert weights_identical_across_ranks(model), "ranks hold different weights"
+    everyone = horovod_tf.allgather_object(levels)
+    assert everyone[0] == everyone[1], "ranks saw different levels"
+    stats = optimizer.accordion_state.stats()
+    decays = [c for c in stats["checks"] if c["event"] == "lr_decay"]
+    assert len(decays) == 1 and decays[0]["step"] == DECAY_EPOCH * STEPS_PER_EPOCH, stats["checks"]
+    assert set(decays[0]["levels"].values()) == {2}, decays  # back to ℓ_low at the decay
+    assert any(1 in epoch for epoch in levels[:DECAY_EPOCH]), levels  # ℓ_high before it
+    assert len(stats["bytes_per_step"]) == EPOCHS * STEPS_PER_EPOCH
+    # the same run through tf_keras and Horovod's tf_keras optimizer path
+    reference, reference_optimizer, reference_levels = fit(tf_keras, Keras2DistributedOptimizer,
+                                                           Keras2AccordionCallback)
+    assert reference_levels == levels, (reference_levels, levels)
+    assert reference_optimizer.accordion_state.stats()["bytes_per_step"] == stats["bytes_per_step"]
+    differences = [float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights())]
+    assert all(d == 0 for d in differences), differences
+    return {"levels": levels, "bytes": sum(stats["bytes_per_step"])}
+
+
+def check_a_keras_checkpoint_resumes_bitwise_in_a_new_model():
+    """Each rank saves its own ``.keras`` file: the error-feedback memory is per rank."""
+    uninterrupted, _, levels = fit(keras, hvd.DistributedOptimizer, hvd.AccordionCallback, epochs=4, interval=1,
+                                   jit_compile=False)
+    first, _, first_levels = fit(keras, hvd.DistributedOptimizer, hvd.AccordionCallback, epochs=2, interval=1,
+                                 jit_compile=False)
+    path = os.path.join(tempfile.mkdtemp(), "model.keras")
+    first.save(path)
+    restored = hvd.load_model(path, compression=adaptive_powersgd(), interval=1)
+    optimizer = restored.optimizer
+    assert type(optimizer).__module__ == "horovod_accordion.keras3.optimizer", type(optimizer)
+    assert int(optimizer.iterations.numpy()) == 2 * STEPS_PER_EPOCH
+    resumed_levels = []
+
+    class LevelRecorder(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            resumed_levels.append(list(optimizer.accordion_state.levels.values()))
+
+    x, y = rank_dataset()
+    restored.fit(x, y, batch_size=32, epochs=4, initial_epoch=2, shuffle=False, verbose=0,
+                 callbacks=[hvd.AccordionCallback(), LevelRecorder()])
+    assert first_levels + resumed_levels == levels, (first_levels, resumed_levels, levels)
+    assert optimizer.accordion_state._schedule.detector.windows_seen == 4
+    for a, b in zip(restored.get_weights(), uninterrupted.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    return levels
+
+
+def check_every_compression_kind_trains_in_fit_and_xla_compile_is_turned_off():
+    x, y = rank_dataset(64)
+    kinds = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+             "powersgd static": hvd.Compression.powersgd(2, min_compression_rate=0),
+             "powersgd adaptive": adaptive_powersgd(),
+             "topk static": hvd.Compression.topk(0.1), "topk adaptive": hvd.Compression.topk(0.5, 0.1)}
+    sent = {}
+    for label, compression in kinds.items():
+        model = make_model(keras)
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=compression, interval=1)
+        # Keras 3's default on a machine with a GPU; on a CPU it leaves XLA off.
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[hvd.AccordionCallback()])
+        assert any("XLA" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        assert not model.jit_compile
+        assert weights_identical_across_ranks(model), label
+        stats = optimizer.accordion_state.stats()
+        checks = [c for c in stats["checks"] if c["event"] == "check"]
+        assert len(checks) == (2 if "adaptive" in label else 0), (label, checks)
+        sent[label] = sum(stats["bytes_per_step"])
+    parameters = sum(w.size for w in initial_weights())
+    assert sent["none"] == 8 * parameters * 4 and sent["fp16"] == 8 * parameters * 2, sent
+    assert sent["powersgd static"] < sent["fp16"] and sent["topk static"] < sent["fp16"], sent
+    return sent
+
+
+def check_a_custom_loop_calling_apply_averages():
+    model = make_model(keras)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=hvd.Compression.topk(0.5),
+                                         window_steps=2)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = rank_dataset(64)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    for start in range(0, 64, 16):
+        train_step(x[start:start + 16], y[start:start + 16])
+        optimizer.accordion_state.step_end()
+    assert weights_identical_across_ranks(model), "apply() did not average"
+    assert len(optimizer.accordion_state.stats()["bytes_per_step"]) == 4
+
+
+def check_misuse_is_refused_with_the_fix():
+    messages = []
+    for make in (lambda: hvd.DistributedOptimizer(tf_keras.optimizers.SGD(0.1)),
+                 lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)),
+                 lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2)):
+        try:
+            make()
+        except ValueError as error:
+            messages.append(str(error))
+    assert len(messages) == 3, messages
+    assert "horovod_accordion.keras" in messages[0], messages[0]
+    assert "backward_passes_per_step=2" in messages[1], messages[1]
+    assert "num_groups=2" in messages[2], messages[2]
