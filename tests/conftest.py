@@ -108,7 +108,7 @@ def launches(tmp_path_factory):
     cache = {}
 
     def get(module_name, controller, np=2, timeout=300, env=None):
-        key = (module_name, controller, np)
+        key = (module_name, controller, np, tuple(sorted((env or {}).items())))
         if key not in cache:
             out_dir = tmp_path_factory.mktemp(f"{module_name}-{controller}")
             cache[key] = run_workers(module_name, out_dir, np=np, controller=controller, timeout=timeout, env=env)

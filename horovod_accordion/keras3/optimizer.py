@@ -10,7 +10,7 @@ back on.
 import horovod.tensorflow as hvd
 import keras
 
-from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer
+from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer, deserializers
 
 __all__ = ["DistributedOptimizer", "load_model"]
 
@@ -45,6 +45,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     communicates once per step instead of once per micro-batch.
     """
     arguments = dict(locals())
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(f"Accordion's Keras 3 optimizer runs on the TensorFlow backend (KERAS_BACKEND=tensorflow), "
+                         f"not {keras.backend.backend()!r}: its collectives are horovod.tensorflow's")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError("mixed precision (LossScaleOptimizer) is not supported: it checks each rank's own, "
+                         "unaveraged gradients for inf, so one rank could skip a step, and its collectives, "
+                         "that another takes")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
             f"{type(optimizer).__module__}.{type(optimizer).__name__} is not a Keras 3 optimizer: for tf_keras "
@@ -59,18 +66,27 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=hvd.Compression.none,
                **accordion_options):
-    """``keras.models.load_model`` with Accordion's optimizer: a ``.keras`` file saved with the
-    optimizer comes back with the model's weights, the optimizer's variables and Accordion's
-    state (saved beside them), its optimizer wrapped in :func:`DistributedOptimizer` with
-    ``compression`` and Accordion's keyword arguments (``eta``, ``interval``, ...)."""
-    def wrap(cls):
-        """What Keras deserializes the optimizer with: anything with a ``from_config``."""
-        def from_config(config, custom_objects=None):
-            return DistributedOptimizer(cls.from_config(config), compression=compression, **accordion_options)
-        return type(cls.__name__, (), {"from_config": staticmethod(from_config)})
-
-    builtin = [cls for cls in vars(keras.optimizers).values()
-               if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)]
-    objects = {cls.__name__: wrap(cls) for cls in [*builtin, *(custom_optimizers or ())]}
+    """``keras.models.load_model`` with Accordion's optimizer: the model comes back with its
+    weights, and with its optimizer wrapped in :func:`DistributedOptimizer` (``compression`` and
+    Accordion's keyword arguments: ``eta``, ``interval``, ...), its variables restored. A file
+    saved with Accordion's optimizer also restores Accordion's state, saved beside them, and
+    training continues exactly; one saved with a plain optimizer starts Accordion afresh."""
+    optimizers = [cls for cls in vars(keras.optimizers).values()
+                  if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)]
+    objects = deserializers([*optimizers, *(custom_optimizers or ())], DistributedOptimizer, compression,
+                            accordion_options)
     objects.update(custom_objects or {})
-    return keras.models.load_model(filepath, custom_objects=objects)
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    plain = getattr(model, "optimizer", None)
+    if plain is None or isinstance(plain, AccordionOptimizer):
+        return model
+    # Keras 3 deserializes a built-in optimizer saved by its own name past custom_objects:
+    # wrap it here, with the variables it loaded, and compile the model with the wrapped one.
+    wrapped = DistributedOptimizer(plain, compression=compression, **accordion_options)
+    if plain.built:
+        wrapped.build(model.trainable_variables)
+        for mine, loaded in zip(wrapped.variables, plain.variables):
+            mine.assign(loaded)
+    compiled = keras.saving.deserialize_keras_object(model.get_compile_config())
+    model.compile(**dict(compiled, optimizer=wrapped))
+    return model

@@ -32,11 +32,11 @@ class AccordionCallbackMixin:
     def on_train_begin(self, logs=None):
         optimizer = self._optimizer or self.model.optimizer
         optimizer._accordion_callback = self  # windows will close: no warning at the first step
-        if getattr(self.model, "jit_compile", False):
-            # Keras 3 compiles with XLA by default ("auto"), as far as every layer allows: Horovod's
-            # collectives are not XLA ops, so the step fails when first traced.
-            warnings.warn("Horovod's collectives have no XLA kernels: this fit() runs with jit_compile=False "
-                          "(compile the model with jit_compile=False to say so)", RuntimeWarning)
+        if getattr(self.model, "jit_compile", False) and hasattr(optimizer, "accordion_state_for"):
+            # Keras 3 compiles with XLA by default where there is a GPU ("auto"): the traced step
+            # would fail at Accordion's Horovod ops, which XLA does not compile.
+            warnings.warn("Accordion's step runs Horovod ops that XLA does not compile: this fit() runs with "
+                          "jit_compile=False (compile the model with jit_compile=False to say so)", RuntimeWarning)
             self.model.jit_compile = False
             self.model.make_train_function(force=True)
         if getattr(optimizer, "_accordion_options", {}).get("batch_switch") is None:

@@ -15,7 +15,7 @@ import tensorflow as tf
 from horovod_accordion.arguments import under_elastic
 from horovod_accordion.tensorflow.state import AccordionState
 
-__all__ = ["AccordionOptimizer", "accordion_keras_optimizer", "build_weights"]
+__all__ = ["AccordionOptimizer", "accordion_keras_optimizer", "build_weights", "deserializers"]
 
 
 class AccordionOptimizer:
@@ -86,8 +86,10 @@ class AccordionOptimizer:
         """The native ``.keras`` format: the optimizer's variables, and Accordion's beside them.
         Keras 3 stores numbers only: the detector's JSON goes as its UTF-8 bytes."""
         super().save_own_variables(store)
-        if self._accordion_state is not None:
-            for k, value in enumerate(self._accordion_state.snapshot()):
+        # Loaded but not yet applied (no step since): saved as it was loaded, not dropped.
+        values = self._accordion_state.snapshot() if self._accordion_state is not None else self._accordion_restore
+        if values is not None:
+            for k, value in enumerate(values):
                 if isinstance(value, bytes):
                     store[f"accordion_{k}_utf8"] = np.frombuffer(value, np.uint8)
                 else:
@@ -97,8 +99,11 @@ class AccordionOptimizer:
         ours = sorted((key for key in store.keys() if key.startswith("accordion_")),
                       key=lambda key: int(key.split("_")[1]))
         super().load_own_variables({key: store[key] for key in store.keys() if not key.startswith("accordion_")})
-        # Applied when the state is created, at the first step.
-        self._accordion_restore = [_stored_value(store[key], key.endswith("_utf8")) for key in ours] or None
+        values = [_stored_value(store[key], key.endswith("_utf8")) for key in ours] or None
+        if self._accordion_state is not None and values is not None:
+            self._accordion_state.load_snapshot(values)
+        else:  # applied when the state is created, at the first step
+            self._accordion_restore = values
 
     @property
     def accordion_state(self):
@@ -118,11 +123,24 @@ def accordion_keras_optimizer(adapter, optimizer, name, device_dense, device_spa
     if horovod_only:
         raise ValueError(f"Accordion's Keras optimizer does not take {', '.join(horovod_only)}: leave them at "
                          f"Horovod's defaults{instead}")
+    if isinstance(optimizer, AccordionOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer: wrap the plain one once")
     cls = type(optimizer.__class__.__name__, (adapter, optimizer.__class__), {"__module__": adapter.__module__})
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._accordion_options = options
     wrapped._accordion_state = None
     return wrapped
+
+
+def deserializers(optimizer_classes, distributed_optimizer, compression, accordion_options):
+    """``custom_objects`` for a Keras ``load_model``: each optimizer class, by its name (and, as
+    tf_keras's ``.h5`` files write built-in ones, in lower case), deserialized wrapped."""
+    def wrap(cls):
+        def from_config(config, custom_objects=None):
+            return distributed_optimizer(cls.from_config(config), compression=compression, **accordion_options)
+        return type(cls.__name__, (), {"from_config": staticmethod(from_config)})
+
+    return {name: wrap(cls) for cls in optimizer_classes for name in (cls.__name__, cls.__name__.lower())}
 
 
 def _warn_if_no_window_can_close(state):

@@ -10,7 +10,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from horovod_accordion.compression import PowerSGD, TopK
-from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer
+from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer, deserializers
 
 __all__ = ["DistributedOptimizer", "load_model", "tensorflow_distributed_optimizer"]
 
@@ -123,14 +123,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     import tf_keras
     base = tf_keras.optimizers.legacy.Optimizer if legacy_opts else tf_keras.optimizers.Optimizer
 
-    def wrap(cls):
-        """What Keras deserializes the optimizer with: anything with a ``from_config``."""
-        def from_config(config, custom_objects=None):
-            return DistributedOptimizer(cls.from_config(config), compression=compression, **accordion_options)
-        return type(cls.__name__, (), {"from_config": staticmethod(from_config)})
-
     # h5 files name a built-in optimizer in lower case, .keras files by its class name.
-    objects = {name: wrap(cls) for cls in base.__subclasses__() for name in (cls.__name__, cls.__name__.lower())}
-    objects.update({cls.__name__: wrap(cls) for cls in custom_optimizers or ()})
+    objects = deserializers([*base.__subclasses__(), *(custom_optimizers or ())], DistributedOptimizer, compression,
+                            accordion_options)
     objects.update(custom_objects or {})
     return tf_keras.models.load_model(filepath, custom_objects=objects)

@@ -29,7 +29,7 @@ _OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}
 
 
 def _variable_name(variable):
-    """Keras 3 names a variable within its layer (``kernel``) and gives the unique name as its ``path``."""
+    """Keras 3 names a variable within its layer (``kernel``), and within the model by its ``path``."""
     return getattr(variable, "path", variable.name)
 
 

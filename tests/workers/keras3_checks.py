@@ -149,7 +149,9 @@ def check_every_compression_kind_trains_in_fit_and_xla_compile_is_turned_off():
                       jit_compile=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[hvd.AccordionCallback()])
+            losses = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                               callbacks=[hvd.AccordionCallback()]).history["loss"]
+        assert losses[-1] < losses[0], (label, losses)
         assert any("XLA" in str(w.message) for w in caught), [str(w.message) for w in caught]
         assert not model.jit_compile
         assert weights_identical_across_ranks(model), label
@@ -163,25 +165,28 @@ def check_every_compression_kind_trains_in_fit_and_xla_compile_is_turned_off():
     return sent
 
 
-def check_a_custom_loop_calling_apply_averages():
+def check_a_custom_loop_calling_apply_or_apply_gradients_averages():
     model = make_model(keras)
     optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=hvd.Compression.topk(0.5),
                                          window_steps=2)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = rank_dataset(64)
 
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
+    def train_step(apply):
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return loss
+        return step
 
-    for start in range(0, 64, 16):
-        train_step(x[start:start + 16], y[start:start + 16])
+    by_apply = train_step(optimizer.apply)
+    by_apply_gradients = train_step(lambda grads, variables: optimizer.apply_gradients(zip(grads, variables)))
+    for k, start in enumerate(range(0, 64, 16)):
+        (by_apply if k % 2 == 0 else by_apply_gradients)(x[start:start + 16], y[start:start + 16])
         optimizer.accordion_state.step_end()
-    assert weights_identical_across_ranks(model), "apply() did not average"
+    assert weights_identical_across_ranks(model), "apply() or apply_gradients() did not average"
     assert len(optimizer.accordion_state.stats()["bytes_per_step"]) == 4
 
 
@@ -189,12 +194,93 @@ def check_misuse_is_refused_with_the_fix():
     messages = []
     for make in (lambda: hvd.DistributedOptimizer(tf_keras.optimizers.SGD(0.1)),
                  lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)),
-                 lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2)):
+                 lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2),
+                 lambda: hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))),
+                 lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)))):
         try:
             make()
         except ValueError as error:
             messages.append(str(error))
-    assert len(messages) == 3, messages
+    assert len(messages) == 5, messages
     assert "horovod_accordion.keras" in messages[0], messages[0]
     assert "backward_passes_per_step=2" in messages[1], messages[1]
     assert "num_groups=2" in messages[2], messages[2]
+    assert "LossScaleOptimizer" in messages[3], messages[3]
+    assert "already a DistributedOptimizer" in messages[4], messages[4]
+    # compile() wraps Accordion's optimizer in a LossScaleOptimizer under a mixed_float16 policy
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = make_model(keras)
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x, y = rank_dataset(32)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[hvd.AccordionCallback()])
+        raise AssertionError("fit ran under mixed_float16")
+    except ValueError as error:
+        assert "mixed precision" in str(error), error
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def optimizer_values(optimizer):
+    return [np.array(v) for v in optimizer.variables]
+
+
+def identical_across_ranks(arrays):
+    flat = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in arrays])
+    everyone = horovod_tf.allgather(tf.constant(flat[None, :])).numpy()
+    return np.array_equal(everyone[0], everyone[1])
+
+
+def check_broadcast_gives_every_rank_the_root_model_and_optimizer_built_or_not():
+    """Each rank starts from its own weights; after the broadcast, rank 0's. A model with an
+    ``Input`` is built before fit, so the broadcast comes first; one without it, after batch 0."""
+    x, y = rank_dataset(64)
+    seen = {}
+    for built in (True, False):
+        keras.utils.set_random_seed(10 + hvd.rank())
+        layers = [keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)]
+        model = keras.Sequential([keras.Input((16,)), *layers] if built else layers)
+        root_start = horovod_tf.broadcast_object([w.copy() for w in model.get_weights()], 0) if built else None
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                             compression=hvd.Compression.topk(0.5))
+        model.compile(optimizer=optimizer, jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        first = {}
+
+        class FirstWeights(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                first.setdefault(batch, [w.copy() for w in self.model.get_weights()])
+
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False,
+                  callbacks=[hvd.BroadcastGlobalVariablesCallback(0), hvd.AccordionCallback(), FirstWeights()])
+        if built:
+            for mine, root in zip(first[0], root_start):
+                np.testing.assert_array_equal(mine, root)
+        assert identical_across_ranks(model.get_weights()), built
+        assert identical_across_ranks(optimizer_values(optimizer)), built  # the momentum slots too
+        seen[built] = float(np.abs(model.get_weights()[0]).sum())
+    return seen
+
+
+def check_load_model_wraps_a_plain_optimizer_with_its_slots():
+    """A ``.keras`` file saved without Horovod (one process, a built-in optimizer) loads with the
+    optimizer wrapped, its momentum restored, and trains on both ranks as one."""
+    model = make_model(keras)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    x, y = rank_dataset(64)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    saved = optimizer_values(model.optimizer)
+    path = os.path.join(tempfile.mkdtemp(), "plain.keras")
+    model.save(path)
+    restored = hvd.load_model(path, compression=hvd.Compression.powersgd(2, min_compression_rate=0))
+    optimizer = restored.optimizer
+    assert type(optimizer).__module__ == "horovod_accordion.keras3.optimizer", type(optimizer)
+    for mine, loaded in zip(optimizer_values(optimizer), saved):
+        np.testing.assert_array_equal(mine, loaded)
+    restored.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                 callbacks=[hvd.BroadcastGlobalVariablesCallback(0), hvd.AccordionCallback()])
+    assert identical_across_ranks(restored.get_weights())
+    assert len(optimizer.accordion_state.stats()["bytes_per_step"]) == 4
+    assert int(optimizer.iterations.numpy()) == 8
