@@ -88,8 +88,6 @@ def main():
             from horovod_accordion.plot import run_figures
             for path in run_figures(log_path, args.plots):
                 print(f"[rank 0] wrote {path}", flush=True)
-    # Both ranks tear Gloo down together, rather than rank 1 while rank 0 still prints and plots.
-    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -6,12 +6,27 @@ are issued, not by name: every rank issues them from the same thread (the autogr
 thread that calls the hook, or the main thread at a window's end), in the same order.
 """
 
+import atexit
+import functools
+import time
+
 import torch
 import torch.distributed as dist
 
 from horovod_accordion.torch_tensors import TorchTensorOps
 
 __all__ = ["DistributedOps"]
+
+
+@functools.cache
+def _release_collectives_before_exit():
+    """Gloo's worker thread lets go of a finished collective's tensors just after it completes,
+    and freeing a tensor that Python made takes the GIL. A worker that gets there after the
+    interpreter has begun to finalize is ended inside a destructor, and the process aborts
+    ("terminate called without an active exception", pytorch/pytorch#38228, #190489). A rank
+    whose last window closes just before it exits hit this in about 1 run in 50: at exit, while
+    the interpreter is whole, hand the GIL over for long enough that the workers finish."""
+    atexit.register(time.sleep, 0.1)
 
 
 class _Pending:
@@ -28,6 +43,7 @@ class _Pending:
 class DistributedOps(TorchTensorOps):
     def __init__(self, process_group=None, device="cpu"):
         super().__init__(device)
+        _release_collectives_before_exit()
         self.process_group = process_group
         self.name_prefix = None  # torch.distributed matches collectives by order, not by name
 
