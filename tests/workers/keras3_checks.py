@@ -64,12 +64,17 @@ def adaptive_powersgd():
     return hvd.Compression.powersgd(2, 1, min_compression_rate=0)
 
 
-def fit(keras_module, wrap, callback, epochs=EPOCHS, compression=None, interval=2, **compile_args):
+def fit(keras_module, wrap, callback, epochs=EPOCHS, compression=None, interval=2, learning_rate=None,
+        accordion=None, **compile_args):
     """``epochs`` of fit with a 10x LR decay at DECAY_EPOCH; the model, its optimizer, and the
-    levels at each epoch end."""
+    levels at each epoch end. ``learning_rate(keras_module)``: a schedule (its own decay) instead of 0.05;
+    ``accordion``: more of DistributedOptimizer's arguments."""
     model = make_model(keras_module)
-    optimizer = wrap(keras_module.optimizers.SGD(0.05), compression=compression or adaptive_powersgd(),
-                     interval=interval)
+    rate = learning_rate(keras_module) if learning_rate else 0.05
+    options = dict(accordion or {})
+    if "batch_switch" not in options:
+        options["compression"] = compression or adaptive_powersgd()
+    optimizer = wrap(keras_module.optimizers.SGD(rate), interval=interval, **options)
     model.compile(optimizer=optimizer, loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
                   **compile_args)
     levels = []
@@ -78,10 +83,12 @@ def fit(keras_module, wrap, callback, epochs=EPOCHS, compression=None, interval=
         def on_epoch_end(self, epoch, logs=None):
             levels.append(list(optimizer.accordion_state.levels.values()))
 
-    schedule = keras_module.callbacks.LearningRateScheduler(lambda e, lr: lr / 10 if e == DECAY_EPOCH else lr)
+    # A LearningRateSchedule decays by itself; a float rate by the callback.
+    decay = [] if learning_rate else [
+        keras_module.callbacks.LearningRateScheduler(lambda e, lr: lr / 10 if e == DECAY_EPOCH else lr)]
     x, y = rank_dataset()
     model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[schedule, callback(), LevelRecorder()])
+              callbacks=[*decay, callback(), LevelRecorder()])
     return model, optimizer, levels
 
 
@@ -104,6 +111,36 @@ def check_fit_switches_both_ways_and_equals_the_tf_keras_path():
     differences = [float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights())]
     assert all(d == 0 for d in differences), differences
     return {"levels": levels, "bytes": sum(stats["bytes_per_step"])}
+
+
+def check_accumulation_schedules_and_batch_switching_equal_the_tf_keras_path():
+    """What the tf_keras path tests at length, on Keras 3 through the same code: equal, bitwise."""
+    variants = {
+        "backward_passes_per_step=2": dict(accordion=dict(backward_passes_per_step=2)),
+        "a PiecewiseConstantDecay schedule": dict(learning_rate=lambda k: k.optimizers.schedules.PiecewiseConstantDecay(
+            [4 * STEPS_PER_EPOCH], [0.05, 0.005])),
+        "batch_switch": dict(accordion=dict(batch_switch=hvd.BatchSwitch(small_batch=32, multiplier=2,
+                                                                         warmup_steps=0))),
+    }
+    seen = {}
+    for label, variant in variants.items():
+        model, optimizer, levels = fit(keras, hvd.DistributedOptimizer, hvd.AccordionCallback, epochs=6,
+                                       jit_compile=False, **variant)
+        reference, reference_optimizer, reference_levels = fit(tf_keras, Keras2DistributedOptimizer,
+                                                               Keras2AccordionCallback, epochs=6, **variant)
+        assert weights_identical_across_ranks(model), label
+        stats, reference_stats = optimizer.accordion_state.stats(), reference_optimizer.accordion_state.stats()
+        assert levels == reference_levels, (label, levels, reference_levels)
+        assert stats["bytes_per_step"] == reference_stats["bytes_per_step"], label
+        assert [c["event"] for c in stats["checks"]] == [c["event"] for c in reference_stats["checks"]], label
+        for a, b in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_array_equal(a, b, err_msg=label)
+        seen[label] = {"levels": levels, "steps": len(stats["bytes_per_step"]),
+                       "events": sorted({c["event"] for c in stats["checks"]})}
+    # one micro-batch per step, then two: the batch size switched
+    assert {1, 2} <= {level for epoch in seen["batch_switch"]["levels"] for level in epoch}, seen["batch_switch"]
+    assert "lr_decay" in seen["a PiecewiseConstantDecay schedule"]["events"], seen
+    return seen
 
 
 def check_a_keras_checkpoint_resumes_bitwise_in_a_new_model():
