@@ -7,7 +7,6 @@ thread that calls the hook, or the main thread at a window's end), in the same o
 """
 
 import atexit
-import functools
 import time
 
 import torch
@@ -18,15 +17,14 @@ from horovod_accordion.torch_tensors import TorchTensorOps
 __all__ = ["DistributedOps"]
 
 
-@functools.cache
-def _release_collectives_before_exit():
-    """Gloo's worker thread lets go of a finished collective's tensors just after it completes,
-    and freeing a tensor that Python made takes the GIL. A worker that gets there after the
-    interpreter has begun to finalize is ended inside a destructor, and the process aborts
-    ("terminate called without an active exception", pytorch/pytorch#38228, #190489). A rank
-    whose last window closes just before it exits hit this in about 1 run in 50: at exit, while
-    the interpreter is whole, hand the GIL over for long enough that the workers finish."""
-    atexit.register(time.sleep, 0.1)
+# Gloo's worker thread lets go of a finished collective's tensors just after it completes, and
+# freeing a tensor that Python made takes the GIL. A worker that gets there after the interpreter
+# has begun to finalize is ended inside a destructor, and the process aborts ("terminate called
+# without an active exception", pytorch/pytorch#38228, #190489). About 1 run in 50 of our 2-rank
+# jobs did, after training had finished, with Accordion's hook and with plain DDP alike. So at exit,
+# while the interpreter is whole, the GIL is handed over long enough for the workers to finish:
+# registered on import, so that a baseline run without the hook has it too.
+atexit.register(time.sleep, 0.1)
 
 
 class _Pending:
@@ -43,7 +41,6 @@ class _Pending:
 class DistributedOps(TorchTensorOps):
     def __init__(self, process_group=None, device="cpu"):
         super().__init__(device)
-        _release_collectives_before_exit()
         self.process_group = process_group
         self.name_prefix = None  # torch.distributed matches collectives by order, not by name
 
