@@ -54,10 +54,15 @@ def rank_dataset(samples=256):
     return x, y
 
 
-def weights_identical_across_ranks(model):
-    flat = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+def identical_across_ranks(arrays):
+    """In float64, which holds every float32 and integer counter exactly."""
+    flat = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in arrays])
     everyone = horovod_tf.allgather(tf.constant(flat[None, :])).numpy()
     return np.array_equal(everyone[0], everyone[1])
+
+
+def weights_identical_across_ranks(model):
+    return identical_across_ranks(model.get_weights())
 
 
 def adaptive_powersgd():
@@ -261,12 +266,6 @@ def check_misuse_is_refused_with_the_fix():
 
 def optimizer_values(optimizer):
     return [np.array(v) for v in optimizer.variables]
-
-
-def identical_across_ranks(arrays):
-    flat = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in arrays])
-    everyone = horovod_tf.allgather(tf.constant(flat[None, :])).numpy()
-    return np.array_equal(everyone[0], everyone[1])
 
 
 def check_broadcast_gives_every_rank_the_root_model_and_optimizer_built_or_not():
