@@ -20,8 +20,9 @@ __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", 
 
 
 def make_reducer(compression, shapes, ops, plain_compressor):
-    """The reducer for ``compression`` and its (ℓ_low, ℓ_high); ``plain_compressor`` is the
-    framework's Horovod ``Compressor`` base class (none, fp16), ``None`` where there is none (DDP)."""
+    """The reducer for ``compression`` and its (ℓ_low, ℓ_high); ``plain_compressor`` is the base
+    class of the framework's plain compressors (none, fp16): Horovod's ``Compressor``, or
+    ``torch_compression.PlainCompressor`` where there is no Horovod (DDP, the advisor)."""
     if isinstance(compression, PowerSGD):
         return PowerSGDReducer(shapes, compression, ops), compression.levels
     if isinstance(compression, TopK):

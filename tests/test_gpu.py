@@ -1,7 +1,9 @@
-"""The torch and TF worker checks on GPU tensors through NCCL: ``make test-gpu``.
+"""The worker checks on GPU tensors: ``make test-gpu``.
 
-Skipped in ``make test`` (CPU only). Under ``make test-gpu`` they skip, with the reason, on a
-machine without a CUDA GPU or with a Horovod built without NCCL (see docker/Dockerfile.gpu).
+The torch and TF checks run through Horovod's NCCL on two GPUs; the DDP hook's and
+Lightning's need one GPU and no Horovod. Skipped in ``make test`` (CPU only). Under ``make
+test-gpu`` they skip, with the reason, on a machine without a CUDA GPU, with one GPU where
+two are needed, or with a Horovod built without NCCL (see docker/Dockerfile.gpu).
 """
 import os
 import subprocess
@@ -9,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, check_names, worker_env
 
 
 def gpu_missing():
@@ -37,3 +39,32 @@ def gpu():
 @pytest.mark.parametrize("module", ["gpu_checks", "tf_gpu_checks"])
 def test_every_compression_on_gpu_matches_the_cpu(gpu, launches, module, controller):
     launches(module, controller).check("check_every_compression_on_the_device_matches_the_cpu")
+
+
+def cuda_missing():
+    probe = "import torch; print('' if torch.cuda.is_available() else 'no CUDA GPU visible to torch')"
+    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=worker_env())
+    return answer.stdout.strip() or (answer.stderr.strip()[-300:] if answer.returncode else None)
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    if os.environ.get("HOROVOD_ACCORDION_GPU_TESTS") != "1":
+        pytest.skip("GPU tests run with `make test-gpu`")
+    reason = cuda_missing()
+    if reason:
+        pytest.skip(f"make test-gpu: {reason}")
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("backend, np", [("nccl", 1), ("gloo", 2)])
+@pytest.mark.parametrize("check", check_names("ddp_gpu_checks"))
+def test_the_ddp_hook_on_gpu(one_gpu, launches, backend, np, check):
+    launches("ddp_gpu_checks", "torchrun", np=np, env={"ACCORDION_DDP_BACKEND": backend}).check(check)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("check", check_names("lightning_gpu_checks"))
+def test_lightning_on_gpu(one_gpu, launches, check):
+    pytest.importorskip("lightning")
+    launches("lightning_gpu_checks", "torchrun", np=1).check(check)

@@ -20,6 +20,7 @@ from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
+from horovod_accordion.torch_compression import Compression, PlainCompressor
 from horovod_accordion.torch_tensors import TorchTensorOps
 
 __all__ = ["SimulatedWorld", "layout_buckets", "measure_compute", "measure_exchange", "profile_model"]
@@ -27,32 +28,7 @@ __all__ = ["SimulatedWorld", "layout_buckets", "measure_compute", "measure_excha
 BUCKET_CAP_MB = 25  # the default of our optimizer and of DDP
 
 
-class _Cast:
-    """Horovod's ``Compression.none`` and ``fp16``, in their interface (the wire tensor and what
-    restores it): the profile is taken where Horovod may not be built, e.g. on a laptop."""
-
-
-class _NoCast(_Cast):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _HalfCast(_Cast):
-    @staticmethod
-    def compress(tensor):
-        return tensor.to(torch.float16), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.to(ctx)
-
-
-CASTS = {"none": _NoCast, "fp16": _HalfCast}
+CASTS = {"none": Compression.none, "fp16": Compression.fp16}  # Horovod's, where Horovod may not be built
 
 
 class _Done:
@@ -81,7 +57,7 @@ class SimulatedWorld(TorchTensorOps):
         return 0
 
     def start_allreduce_mean(self, flat, name, compression=None):
-        compression = compression or _NoCast
+        compression = compression or Compression.none
         wire, ctx = compression.compress(flat)
         self._send("allreduce", wire)
         return _Done(compression.decompress(wire, ctx))
@@ -160,7 +136,8 @@ def measure_exchange(names, grads, variant, layout, workers, level_key, repeats,
     and Accordion's check (one per step here) with its collectives."""
     ops = SimulatedWorld(workers, grads[0].device)
     clock = _clock(grads[0].device)
-    reducer, levels = make_reducer(variant.compression or CASTS[variant.cast], [g.shape for g in grads], ops, _Cast)
+    reducer, levels = make_reducer(variant.compression or CASTS[variant.cast], [g.shape for g in grads], ops,
+                                   PlainCompressor)
     log = CommunicationLog()
     exchange = BucketedExchange(Accordion(names, levels, window_steps=1, interval=1, log=log), reducer, ops, grads)
     buckets, fusable = layout_buckets(layout, variant, [g.numel() * g.element_size() for g in grads])

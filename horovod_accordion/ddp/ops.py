@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from horovod_accordion.torch_compression import NoneCompressor
 from horovod_accordion.torch_tensors import TorchTensorOps
 
 __all__ = ["DistributedOps"]
@@ -51,13 +52,17 @@ class DistributedOps(TorchTensorOps):
         return dist.get_rank(self.process_group)
 
     def start_allreduce_mean(self, flat, name, compression=None):
-        """Sum in place, then divide: Gloo has no average. ``flat`` is ours to overwrite (``flat_concat``)."""
-        if compression is not None:
-            raise ValueError("the DDP backend averages in the gradients' own precision: for fp16 on the wire, "
-                             "use DDP's fp16_compress_hook, or torch's fp16_compress_wrapper")
-        self.bytes_sent += flat.numel() * flat.element_size()
-        work = dist.all_reduce(flat, group=self.process_group, async_op=True)
-        return _Pending(work, lambda: flat.div_(self.size()))
+        """Sum in place, then divide: Gloo has no average. ``flat`` is ours to overwrite
+        (``flat_concat``). A cast to fp16 (``Compression.fp16``) divides first, as torch's
+        ``fp16_compress_hook`` does, so that fp16 sums of many ranks do not overflow."""
+        compression = compression or NoneCompressor
+        wire, ctx = compression.compress(flat)
+        cast = wire.dtype != flat.dtype
+        if cast:
+            wire.div_(self.size())
+        self.bytes_sent += wire.numel() * wire.element_size()
+        work = dist.all_reduce(wire, group=self.process_group, async_op=True)
+        return _Pending(work, lambda: compression.decompress(wire if cast else wire.div_(self.size()), ctx))
 
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len); Gloo gathers into a list."""

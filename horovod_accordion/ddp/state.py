@@ -32,6 +32,7 @@ from horovod_accordion.ddp.ops import DistributedOps
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import DenseReducer, make_reducer
+from horovod_accordion.torch_compression import PlainCompressor
 from horovod_accordion.torch_tensors import summary_writer
 
 __all__ = ["AccordionState", "accordion_hook"]
@@ -44,8 +45,11 @@ class AccordionState:
         process_group: the group DDP communicates over, as given to DDP; ``None``: the
             default group.
         compression: ``PowerSGD(low_rank, high_rank)`` or ``TopK(low_fraction, high_fraction)``
-            (``horovod_accordion.ddp`` exports both): Accordion switches between ℓ_low in
-            critical regimes and ℓ_high elsewhere; ``low == high`` is static compression.
+            (``Compression.powersgd``, ``Compression.topk``): Accordion switches between ℓ_low
+            in critical regimes and ℓ_high elsewhere; ``low == high`` is static compression.
+            ``Compression.none`` and ``Compression.fp16`` average each bucket in one allreduce,
+            in the gradients' precision or in fp16 (divided before the sum, as torch's
+            ``fp16_compress_hook``): baselines whose bytes are logged as Accordion's are.
         model: optional, the model whose gradients the hook averages (the
             ``DistributedDataParallel`` module, or the module it wraps): its parameter names
             name the layers in logs and checkpoints, and the cross-rank check runs here rather
@@ -91,9 +95,9 @@ class AccordionState:
                             "model is optional: write AccordionState(compression=..., optimizer=...), or "
                             "AccordionState(compression=..., model=model, optimizer=...) for the model's "
                             "parameter names in logs")
-        if not isinstance(compression, (PowerSGD, TopK)):
-            raise ValueError(f"compression must be PowerSGD(low_rank, high_rank) or TopK(low_fraction, "
-                             f"high_fraction), got {compression!r}; for a plain allreduce, register no hook")
+        if not (isinstance(compression, (PowerSGD, TopK)) or _is_plain(compression)):
+            raise ValueError(f"compression must be Compression.none, Compression.fp16, PowerSGD(low_rank, high_rank) "
+                             f"or TopK(low_fraction, high_fraction), got {compression!r}")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
             raise ValueError(f"start_iter must be an integer >= 0, got {start_iter!r}")
         self.process_group = process_group
@@ -144,7 +148,7 @@ class AccordionState:
         self._ops = DistributedOps(self.process_group, params[0].device if params else "cpu")
         check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
                                          self.compression)
-        reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, None)
+        reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, PlainCompressor)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
         log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
         accordion = Accordion(names, levels, log=log, **self._schedule_options)
@@ -224,10 +228,10 @@ class AccordionState:
         """Restore a ``state_dict()``; before the state is bound, it is restored when it binds."""
         if not self.bound:
             # What can be checked without the parameters is checked now, where the mistake is made.
-            saved_levels = tuple((state_dict or {}).get("schedule", {}).get("levels", self.compression.levels))
-            if saved_levels != tuple(self.compression.levels):
-                raise ValueError(f"checkpoint levels {saved_levels} differ from this state's "
-                                 f"{tuple(self.compression.levels)}")
+            levels = (None, None) if _is_plain(self.compression) else tuple(self.compression.levels)
+            saved_levels = tuple((state_dict or {}).get("schedule", {}).get("levels", levels))
+            if saved_levels != levels:
+                raise ValueError(f"checkpoint levels {saved_levels} differ from this state's {levels}")
             self._saved = state_dict
             return
         if self._waiting:
@@ -306,6 +310,10 @@ class AccordionState:
         self._waiting = []
         self.iter += 1
         self._exchange.end_step()
+
+
+def _is_plain(compression):
+    return isinstance(compression, type) and issubclass(compression, PlainCompressor)
 
 
 def _warn_if_hook_never_ran(hook_ran):

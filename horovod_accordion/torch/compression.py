@@ -1,54 +1,28 @@
 """Compression choices for ``horovod_accordion.torch``, named as in Horovod.
 
-``Compression.none`` and ``Compression.fp16`` are plain Horovod compressors: they work
-with stock ``hvd.DistributedOptimizer(compression=...)`` too. ``Compression.powersgd``
-and ``Compression.topk`` describe switchable compressors for Accordion.
+``Compression.none`` and ``Compression.fp16`` are Horovod compressors (``Compressor``
+subclasses): they work with stock ``hvd.DistributedOptimizer(compression=...)`` too.
+``Compression.powersgd`` and ``Compression.topk`` describe switchable compressors for
+Accordion. The maths are ``horovod_accordion.torch_compression``'s, which the DDP hook shares.
 """
 
-import torch
 from horovod.torch.compression import Compressor
 
-from horovod_accordion.compression import PowerSGD, TopK, cast_compressor
+from horovod_accordion import torch_compression
 
 __all__ = ["Compression", "NoneCompressor", "FP16Compressor"]
 
 
-class NoneCompressor(Compressor):
+class NoneCompressor(torch_compression.NoneCompressor, Compressor):
     """Default no-op compression."""
 
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
 
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(torch_compression.FP16Compressor, Compressor):
     """Floating-point tensors travel as fp16 and are cast back to their dtype."""
 
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point:
-            return tensor.to(torch.float16), tensor.dtype
-        return tensor, tensor.dtype
 
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.to(ctx) if ctx.is_floating_point else tensor
-
-
-class Compression:
+class Compression(torch_compression.Compression):
     """Optional gradient compression algorithm used during allreduce."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
-    powersgd = PowerSGD
-    topk = TopK
-
-    @staticmethod
-    def cast(dtype):
-        """The compressor that sends gradients as ``dtype`` (torch.float16 or torch.float32)."""
-        return cast_compressor(str(dtype).replace("torch.", ""),
-                               {"float16": FP16Compressor, "float32": NoneCompressor})

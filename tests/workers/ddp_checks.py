@@ -7,9 +7,10 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from horovod_accordion.ddp import AccordionState, PowerSGD, TopK, accordion_hook
+from horovod_accordion.ddp import AccordionState, Compression, PowerSGD, TopK, accordion_hook
 from horovod_accordion.ddp.trainers import attach
 from tests.workers.models import batch_of_rank, make_model
 
@@ -190,6 +191,29 @@ def check_static_powersgd_matches_torch_powerSGD_hook():
             worst = max(worst, float((p - q).abs().max()))
         assert sorted(their_state.q_memory_dict) == [0], "one bucket, so the initial Q was ours"
         report[f"rank {rank}"] = worst
+    return report
+
+
+def check_none_and_fp16_are_ddp_allreduce_and_torch_fp16_compress_hook_with_bytes_logged():
+    """The baselines through our hook: ``Compression.none`` is DDP's own allreduce and
+    ``Compression.fp16`` is torch's ``fp16_compress_hook``, bitwise over 10 steps (on 2 ranks
+    a division by 2 is exact, so dividing after the sum or before gives the same bits), and
+    each step logs the gradients' bytes in fp32 or fp16."""
+    assert dist.get_world_size() == 2
+    report = {}
+    for compression, their_hook, wire_bytes in ((Compression.none, None, 4), (Compression.fp16, fp16_compress_hook, 2)):
+        ours, our_optimizer, state = hooked(compression, window_steps=None)
+        train(ours, our_optimizer, 10)
+        theirs = DistributedDataParallel(make_model())
+        if their_hook is not None:
+            theirs.register_comm_hook(None, their_hook)
+        train(theirs, torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9), 10)
+        for (layer, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            assert torch.equal(p, q), f"{compression.__name__}, {layer}: max diff {(p - q).abs().max():.3e}"
+        numel = sum(p.numel() for p in ours.parameters())
+        assert state.accordion_stats()["bytes_per_step"] == [numel * wire_bytes] * 10, state.accordion_stats()
+        assert state.levels == {name: None for name, _ in ours.module.named_parameters()}
+        report[compression.__name__] = numel * wire_bytes
     return report
 
 

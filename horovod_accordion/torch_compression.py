@@ -1,0 +1,59 @@
+"""Compression choices for torch, named as in Horovod: those of ``horovod_accordion.torch``
+and of the DDP hook (``horovod_accordion.ddp``).
+
+``Compression.none`` and ``Compression.fp16`` are plain compressors in Horovod's interface:
+``compress`` gives the tensor that goes on the wire and what restores it, ``decompress``
+restores it. They import no Horovod, so the DDP hook and the advisor's profile send with them
+where Horovod is not built; ``horovod_accordion.torch`` adds Horovod's ``Compressor`` base to
+them. ``powersgd`` and ``topk`` describe Accordion's switchable compressors.
+"""
+
+import torch
+
+from horovod_accordion.compression import PowerSGD, TopK, cast_compressor
+
+__all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor"]
+
+
+class PlainCompressor:
+    """A compressor with no levels: the gradient itself on the wire, perhaps cast."""
+
+
+class NoneCompressor(PlainCompressor):
+    """Default no-op compression."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(PlainCompressor):
+    """Floating-point tensors travel as fp16 and are cast back to their dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.to(ctx) if ctx.is_floating_point else tensor
+
+
+class Compression:
+    """Optional gradient compression algorithm used during allreduce."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    powersgd = PowerSGD
+    topk = TopK
+
+    @classmethod
+    def cast(cls, dtype):
+        """The compressor that sends gradients as ``dtype`` (torch.float16 or torch.float32)."""
+        return cast_compressor(str(dtype).replace("torch.", ""), {"float16": cls.fp16, "float32": cls.none})
