@@ -5,7 +5,7 @@ import collections
 import hashlib
 import os
 
-__all__ = ["check_optimizer_arguments", "check_real_floating", "check_same_exchange_on_all_ranks",
+__all__ = ["check_on_one_device", "check_optimizer_arguments", "check_real_floating", "check_same_exchange_on_all_ranks",
            "check_same_on_all_ranks", "collective_prefix", "exchange_signature", "under_elastic"]
 
 _exchanges_built = collections.Counter()  # per layer-name hash, in this process
@@ -52,6 +52,23 @@ def check_real_floating(names, dtypes, is_real_floating):
         raise TypeError(f"horovod_accordion averages real floating-point gradients only; these parameters are "
                         f"not: {', '.join(bad)}. Freeze them (requires_grad=False / trainable=False) or keep "
                         f"them out of the optimizer.")
+
+
+def check_on_one_device(names, devices, levels):
+    """A compressing or adaptive exchange keeps its state (Q, memories, the window's Δ and its
+    counts) on one device per process, so a model spread over several devices is refused here,
+    naming them, instead of failing at its first step with a device mismatch. The plain
+    compressions (``levels == (None, None)``) keep no state and run anywhere, as Horovod's own."""
+    if tuple(levels) == (None, None):
+        return
+    first_on = {}
+    for name, device in zip(names, devices):
+        first_on.setdefault(str(device), name)
+    if len(first_on) > 1:
+        spread = ", ".join(f"{device} ({name!r}, ...)" for device, name in first_on.items())
+        raise ValueError(f"the parameters are on {len(first_on)} devices: {spread}. Accordion keeps its compression "
+                         f"state on one device per process: put the model on one device, or use Compression.none or "
+                         f"Compression.fp16, which keep no state")
 
 
 def exchange_signature(names, shapes, dtypes, compression):

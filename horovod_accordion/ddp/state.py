@@ -26,7 +26,8 @@ import weakref
 import torch
 
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import check_real_floating, check_same_exchange_on_all_ranks
+from horovod_accordion.arguments import (check_on_one_device, check_real_floating,
+                                         check_same_exchange_on_all_ranks)
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.ddp.ops import DistributedOps
 from horovod_accordion.exchange import BucketedExchange
@@ -149,6 +150,7 @@ class AccordionState:
         check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
                                          self.compression)
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, PlainCompressor)
+        check_on_one_device(names, [p.device for p in params], levels)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
         log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
         accordion = Accordion(names, levels, log=log, **self._schedule_options)

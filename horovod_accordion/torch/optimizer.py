@@ -27,7 +27,7 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
+from horovod_accordion.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
 from horovod_accordion.batch import MicroBatchCounter, switched_levels
 from horovod_accordion.buckets import assign_buckets
@@ -63,6 +63,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              device=self._params[0].device if self._params else "cpu",
                              name_prefix=collective_prefix(self._names))
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
+        check_on_one_device(self._names, [p.device for p in self._params], levels)
         self._batch_switch = batch_switch
         levels = switched_levels(batch_switch, levels, backward_passes_per_step)
         if batch_switch is not None:

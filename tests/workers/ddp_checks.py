@@ -260,7 +260,14 @@ def check_misuse_raises_before_any_collective():
         except RuntimeError as error:
             errors.append(str(error))
         assert "one state" in errors[-1], errors
-    assert len(errors) == 5, errors
+    # Issue 18, R6: a model on two devices (meta stands in for a second GPU) is refused, naming them.
+    try:
+        AccordionState(compression=PowerSGD(1), model=torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                                                         torch.nn.Linear(4, 4, device="meta")))
+    except ValueError as error:
+        errors.append(str(error))
+    assert "2 devices: cpu ('0.weight', ...), meta ('1.weight', ...)" in errors[-1], errors
+    assert len(errors) == 6, errors
     return errors
 
 

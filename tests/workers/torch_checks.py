@@ -145,6 +145,11 @@ def check_level_switch_on_every_rank_at_the_same_step_with_skewed_shards():
     return first_layer
 
 
+def split_over_two_devices():
+    """A model whose second layer is on another device: ``meta`` stands in for a second GPU."""
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, device="meta"))
+
+
 def check_bad_configuration_raises_before_any_collective():
     model = make_model()
     cases = [
@@ -159,6 +164,9 @@ def check_bad_configuration_raises_before_any_collective():
         lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), interval=0),
         lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), window_steps=0),
         lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=horovod.Adasum),
+        # Issue 18, R6: state on the first parameter's device; now refused, naming the devices.
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(split_over_two_devices().parameters(), lr=0.1),
+                                         compression=Compression.powersgd(1)),
     ]
     # Rank 1 alone makes the mistakes: had any of them entered a collective, rank 1
     # would hang waiting for rank 0, and this check would time out.
