@@ -7,7 +7,9 @@ no Horovod, so it runs where only torch is installed.
         --out benchmarks/results/ddp_hook_cost_h200.json
 
 Every variant is built once and timed in interleaved rounds; a figure is the median over
-every timed step of every round, each step waited for on the device.
+every timed step of every round, each step waited for on the device. ``--profile DIR`` then
+profiles 5 steps of each variant (torch.profiler, CPU and the device) and writes the top entries
+by self CPU time to ``DIR/ddp_hook_profile_<model>_<variant>.txt``.
 """
 import argparse
 import json
@@ -17,6 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
@@ -70,6 +73,20 @@ def build(name, factory, device):
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
+def write_profile(model, optimizer, x, y, device, path, steps=5):
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    with open(path, "w") as stream:
+        stream.write(f"{steps} steps; top entries by self CPU time\n")
+        stream.write(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -78,6 +95,7 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
+    parser.add_argument("--profile", metavar="DIR", help="also write each variant's profile here")
     args = parser.parse_args()
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -101,6 +119,10 @@ def main():
                     wait()
                     if k >= args.warmup:
                         times[name].append(time.perf_counter() - started)
+        if args.profile:
+            for name, (model, optimizer) in built.items():
+                write_profile(model, optimizer, x, y, device, f"{args.profile}/ddp_hook_profile_{model_name}_"
+                              f"{name.split(',')[0].replace(' ', '_').replace('/', '-')}.txt")
         medians = {name: statistics.median(t) for name, t in times.items()}
         results[model_name] = {
             "batch": batch, "input_shape": list(shape),
@@ -115,7 +137,7 @@ def main():
         }
         print(json.dumps({model_name: results[model_name]}, indent=1), flush=True)
     record = {"command": "torchrun --nproc_per_node 1 benchmarks/ddp_hook_cost.py " + " ".join(
-                  f"--{k} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
+                  f"--{k} {v}" for k, v in vars(args).items() if v is not None and k not in ("out", "profile")),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
               "torch": torch.__version__, "timed_steps_per_variant": args.steps * args.rounds, "results": results}
     if args.out:

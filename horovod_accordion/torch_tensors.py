@@ -103,7 +103,15 @@ class TorchTensorOps:
         return a.T
 
     def orthogonalize(self, p):
-        """Householder QR: stable, and a zero P gives out = 0 rather than NaN."""
+        """Householder QR: stable, and a zero P gives unit columns, so that a Q left at 0 by a
+        step whose M was 0 on every rank picks M up again at the next step. One column is only
+        normalised, with the same unit fallback, as torch's ``powerSGD_hook`` does for rank 1:
+        on a GPU each QR is a solver call with a host sync, per layer and step."""
+        if p.shape[1] == 1:
+            norm = torch.linalg.vector_norm(p)
+            unit = torch.zeros_like(p)
+            unit[0] = 1.0
+            return torch.where(norm > 0, p / norm, unit)
         return torch.linalg.qr(p).Q
 
     def kept_count(self, fraction, m):

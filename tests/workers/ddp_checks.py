@@ -217,6 +217,26 @@ def check_none_and_fp16_are_ddp_allreduce_and_torch_fp16_compress_hook_with_byte
     return report
 
 
+def check_a_step_whose_gradients_are_zero_on_every_rank_does_not_silence_powersgd():
+    """A zero M on every rank makes P = 0 and leaves Q at 0; orthogonalising a zero P into
+    unit columns (QR's, and rank 1's normalisation) lets the next step's M through again,
+    where Q would otherwise stay 0 and every later gradient pile up in the memory."""
+    report = {}
+    for rank in (1, 2):
+        model, optimizer, state = hooked(PowerSGD(rank, min_compression_rate=0), window_steps=None)
+        optimizer.zero_grad()
+        (0.0 * loss_at(model, 0)).backward()
+        assert all(float(q.abs().sum()) == 0 for q in state._exchange.reducer.q.values())
+        averaged = []
+        train(model, optimizer, 3, first=1, averaged=averaged)
+        weights = [name for name, p in model.module.named_parameters() if p.dim() == 2]
+        norms = [float(grad.norm()) for grad, (_, p) in zip(averaged[-1], model.module.named_parameters())
+                 if p.dim() == 2]
+        assert all(norm > 0 for norm in norms), dict(zip(weights, norms))
+        report[f"rank {rank}"] = min(norms)
+    return report
+
+
 def with_initial_q(initial_q, layer_of):
     """torch's ``powerSGD_hook``, whose Q starts as ours: stored where its warm start reads
     it, in its order (the bucket's matrices grouped by shape)."""
