@@ -56,9 +56,8 @@ def main():
             state = optimizer.accordion_state
             show(bar, logs["loss"], state.accordion_stats()["total_bytes_sent"], state.levels)
             if hvd.rank() == 0:
-                levels = "  ".join(  # biases are never compressed; none and fp16 have no levels
-                    f"{name.split('/')[-2]}={args.compression if level is None else format(level, 'g')}"
-                    for name, level in state.levels.items() if "kernel" in name)
+                levels = "  ".join(f"{name.split('/')[-2]}={level:g}" for name, level in state.levels.items()) \
+                    or f"none ({args.compression} compresses no layer)"  # and biases are never compressed
                 bar.write(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  level per layer: {levels}")
             bar.update()
 

@@ -48,11 +48,11 @@ def epochs_bar(epochs, rank, desc="train", enabled=True):
 
 
 def show(bar, loss, bytes_sent=None, levels=None):
-    """``levels``: {layer: level}; only the layers that have a level (compressed kinds) are shown."""
+    """``levels``: {layer: level}, the compressed layers' (none with ``none`` and ``fp16``)."""
     postfix = {"loss": f"{loss:.4f}"}
     if bytes_sent is not None:
         postfix["MB"] = f"{bytes_sent / 1e6:.3f}"
-    if levels and None not in levels.values():
+    if levels:
         postfix["levels"] = ",".join(f"{level:g}" for level in levels.values())
     bar.set_postfix(postfix)
 

@@ -43,11 +43,15 @@ class Accordion:
         log: a :class:`CommunicationLog`.
         describe: a function of the new levels that returns extra fields for each check
             record (the batch variant logs the batch size in force).
+        compressed_layers: the indices of the layers whose level means something, those the
+            compression compresses: the others (1-D tensors, matrices too small to gain) are
+            decided on too, but their level is never used, so ``named_levels`` and the log
+            leave them out. ``None``: every layer (a batch size applies to all).
     """
 
     def __init__(self, layer_names, levels, eta=0.5, interval=10, window_steps=None,
                  per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
-                 log=None, describe=None):
+                 log=None, describe=None, compressed_layers=None):
         if window_steps is not None and (int(window_steps) != window_steps or window_steps < 1):
             raise ValueError(f"window_steps must be a positive integer or None (epochs), got {window_steps!r}")
         if isinstance(delta_windows, bool) or not isinstance(delta_windows, int) or not 1 <= delta_windows <= interval:
@@ -55,6 +59,8 @@ class Accordion:
         if check_norm not in ("local", "averaged"):
             raise ValueError(f"check_norm must be 'local' or 'averaged', got {check_norm!r}")
         self.layer_names = list(layer_names)
+        self.compressed_layers = range(len(self.layer_names)) if compressed_layers is None \
+            else sorted(compressed_layers)
         self.low, self.high = levels
         self.window_steps = window_steps
         self.delta_windows = delta_windows
@@ -76,11 +82,17 @@ class Accordion:
     def levels(self):
         return [self.low if critical else self.high for critical in self.detector.critical]
 
+    @property
+    def named_levels(self):
+        """Each compressed layer's level now, by name (see ``compressed_layers``)."""
+        levels = self.levels
+        return {self.layer_names[k]: levels[k] for k in self.compressed_layers}
+
     def observe_lr(self, lr):
         """Returns ``True`` if a learning-rate decay event just switched every layer to ℓ_low."""
         if not self.detector.observe_lr(lr):
             return False
-        self.log.record_decay(self.step, lr, zip(self.layer_names, self.levels))
+        self.log.record_decay(self.step, lr, self.named_levels.items())
         return True
 
     def step_done(self, micro_batches=1):
@@ -130,7 +142,7 @@ class Accordion:
         if not self.detector.per_layer:
             ratios = ratios * len(self.layer_names)
         self.log.record_check(
-            self.step, window, zip(self.layer_names, self.levels),
+            self.step, window, self.named_levels.items(),
             zip(self.layer_names, ratios), zip(self.layer_names, norms), lr=lr,
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True

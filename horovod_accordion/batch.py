@@ -121,6 +121,12 @@ class MicroBatchCounter:
         self.missing = 0 if held is None else self.pending - held
 
 
+def leveled_layers(batch_switch, reducer):
+    """The layers whose level Accordion reports: every layer with ``batch_switch`` (one batch
+    size for all), else the ones the compression compresses."""
+    return None if batch_switch is not None else reducer.compressed
+
+
 def switched_levels(batch_switch, compression_levels, backward_passes_per_step):
     """The levels Accordion switches: the compression's, or with ``batch_switch`` the
     micro-batches per step. Every adapter checks a batch switch here, the same way."""

@@ -30,7 +30,7 @@ class AccordionCallback(pl.Callback):
       strategy did not) and binds the state to the LightningModule's parameters, by name;
       a strategy without DDP, or another comm hook, is an error here, not a silent no-op;
     - before each training batch, shows the detector the first optimizer's learning rate;
-    - after each, logs this rank's bytes of the step and each layer's level with
+    - after each, logs this rank's bytes of the step and each compressed layer's level with
       ``pl_module.log`` (``accordion/bytes``, ``accordion/level/<parameter>``);
     - at each training epoch's end, closes the detection window (unless the state closes its
       own, ``window_steps=N``);
@@ -40,7 +40,7 @@ class AccordionCallback(pl.Callback):
 
     Args:
         state: the ``horovod_accordion.ddp.AccordionState``, built without a model.
-        log_levels: whether to log each layer's level every step, besides the bytes.
+        log_levels: whether to log each compressed layer's level every step, besides the bytes.
     """
 
     def __init__(self, state, log_levels=True):

@@ -50,11 +50,13 @@ def learning_rates(records, when):
 
 
 def _varying_layer(checks):
+    """A compressed layer whose level changes, else the first compressed one, else (no layer
+    has a level) the first layer."""
     names = list(checks[0]["levels"])
     for name in names:
         if len({c["levels"][name] for c in checks}) > 1:
             return name
-    return names[0]
+    return names[0] if names else next(iter(checks[0]["norms"]))
 
 
 def run_figures(log_path, out_dir, layer=None, prefix=""):
@@ -71,14 +73,17 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
         layer = layer or _varying_layer(checks)
         if layer not in checks[0]["norms"]:
             raise ValueError(f"no layer {layer!r} in {log_path}; layers: {sorted(checks[0]['norms'])}")
-        low = max(level for c in checks for level in c["levels"].values())
+        # Only a compressed layer has levels to shade: a 1-D one's norm is drawn alone.
+        leveled = layer in checks[0]["levels"]
+        low = max(level for c in checks for level in c["levels"].values()) if leveled else None
         figure, ax = plt.subplots(figsize=(7, 4))
         ax.plot([when(c) for c in checks], [c["norms"][layer] for c in checks], "o-", label="‖Δ‖ at each check")
         # Training starts critical. A check closes its epoch and rules from the next one; a
         # decay event rules from its own epoch (or step).
         start_of = {("epoch", "check"): 1}
-        events = sorted([(0, True)] + [(when(r) + start_of.get((axis, r["event"]), 0), r["levels"][layer] == low)
-                                       for r in records if r["event"] in ("check", "lr_decay")])
+        events = sorted([(0, leveled)] + [(when(r) + start_of.get((axis, r["event"]), 0),
+                                           leveled and r["levels"][layer] == low)
+                                          for r in records if r["event"] in ("check", "lr_decay")])
         end = max([when(r) for r in records if axis in r] + [events[-1][0]]) + 1
         for (start, critical), (stop, _) in zip(events, events[1:] + [(end, None)]):
             if critical:
@@ -94,8 +99,9 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
             twin.set_yscale("log")
         written.append(_save(figure, out_dir / f"{prefix}norm.png"))
 
+    # Logs of 0.2.0 list None levels for the layers that none and fp16 leave whole.
     timeline = epochs if epochs and epochs[0].get("levels") and None not in epochs[0]["levels"].values() else checks
-    if timeline:
+    if timeline and timeline[0]["levels"]:
         names = list(timeline[0]["levels"])
         grid = [[r["levels"][name] for r in timeline] for name in names]
         figure, ax = plt.subplots(figsize=(7, 0.5 + 0.35 * len(names)))

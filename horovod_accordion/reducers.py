@@ -144,6 +144,7 @@ class DenseReducer(_Reducer):
 
     per_rank = ()
     fuses_itself = True
+    compressed = ()
 
     def __init__(self, shapes, compression, ops):
         self.compression = compression

@@ -108,10 +108,13 @@ class TorchTensorOps:
         normalised, with the same unit fallback, as torch's ``powerSGD_hook`` does for rank 1:
         on a GPU each QR is a solver call with a host sync, per layer and step."""
         if p.shape[1] == 1:
-            norm = torch.linalg.vector_norm(p)
-            unit = torch.zeros_like(p)
+            # In fp64, where the norm of fp32 values neither overflows nor underflows; a NaN or
+            # inf in P stays non-finite, as QR leaves it, so the step is seen as one to skip.
+            column = p.to(torch.float64)
+            norm = torch.linalg.vector_norm(column)
+            unit = torch.zeros_like(column)
             unit[0] = 1.0
-            return torch.where(norm > 0, p / norm, unit)
+            return torch.where(norm == 0, unit, column / norm).to(p.dtype)
         return torch.linalg.qr(p).Q
 
     def kept_count(self, fraction, m):

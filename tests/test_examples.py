@@ -79,7 +79,8 @@ def test_keras_fit_example_with_batch_switching():
 def test_keras3_fit_example_with_every_compression(compression):
     output = run_example("keras3_fit.py", "--epochs", "3", "--compression", compression,
                          env={"TF_USE_LEGACY_KERAS": ""})
-    assert output.count("level per layer: dense=") == 3, output
+    levelled = compression not in ("none", "fp16")  # the others compress the kernels
+    assert output.count("level per layer: dense=" if levelled else "level per layer: none (") == 3, output
     assert re.search(r"test accuracy 0\.\d+; bytes sent per rank \d+", output), output
 
 

@@ -52,17 +52,18 @@ class DistributedOps(TorchTensorOps):
         return dist.get_rank(self.process_group)
 
     def start_allreduce_mean(self, flat, name, compression=None):
-        """Sum in place, then divide: Gloo has no average. ``flat`` is ours to overwrite
-        (``flat_concat``). A cast to fp16 (``Compression.fp16``) divides first, as torch's
-        ``fp16_compress_hook`` does, so that fp16 sums of many ranks do not overflow."""
+        """Sum in place and divide: Gloo has no average. ``flat`` is ours to overwrite
+        (``flat_concat``). An fp16 wire (``Compression.fp16``, or fp16 gradients) is divided
+        before the sum, as torch's ``fp16_compress_hook`` and DDP's own allreduce do, so that
+        fp16 sums of many ranks do not overflow; an fp32 or fp64 one after it."""
         compression = compression or NoneCompressor
         wire, ctx = compression.compress(flat)
-        cast = wire.dtype != flat.dtype
-        if cast:
+        divide_first = wire.dtype == torch.float16
+        if divide_first:
             wire.div_(self.size())
         self.bytes_sent += wire.numel() * wire.element_size()
         work = dist.all_reduce(wire, group=self.process_group, async_op=True)
-        return _Pending(work, lambda: compression.decompress(wire if cast else wire.div_(self.size()), ctx))
+        return _Pending(work, lambda: compression.decompress(wire if divide_first else wire.div_(self.size()), ctx))
 
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len); Gloo gathers into a list."""

@@ -75,7 +75,8 @@ class AccordionState:
     State:
         iter: the steps the hook has averaged (one per backward outside ``no_sync()``):
             ``start_iter`` compares with it.
-        levels: each parameter's level now (a PowerSGD rank or a TopK fraction), by name.
+        levels: each compressed parameter's level now (a PowerSGD rank or a TopK fraction), by
+            name; a tensor left whole (1-D, or too small to gain) has none.
         The reducer's state: PowerSGD's error-feedback memory and warm-started Q, TopK's
         residuals, per parameter, kept across level switches so no gradient signal is
         lost; and the detector's window, its accumulated gradient Δ and check history.
@@ -144,16 +145,16 @@ class AccordionState:
         if self._exchange is not None:
             self._saved, log = self.state_dict(), self._exchange.accordion.log
         check_real_floating(names, [p.dtype for p in params], [p.is_floating_point() for p in params])
+        check_on_one_device(names, [p.device for p in params], self._levels())
         self._layer_of = {p: layer for layer, p in enumerate(params)}
         self._names = names
         self._ops = DistributedOps(self.process_group, params[0].device if params else "cpu")
         check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
                                          self.compression)
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, PlainCompressor)
-        check_on_one_device(names, [p.device for p in params], levels)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
         log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
-        accordion = Accordion(names, levels, log=log, **self._schedule_options)
+        accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **self._schedule_options)
         self._exchange = BucketedExchange(accordion, reducer, self._ops, params)
         self._waiting = []
         if accordion.adaptive and accordion.window_steps is None:
@@ -202,8 +203,9 @@ class AccordionState:
 
     @property
     def levels(self):
-        """Each layer's level now, by name; ``{}`` before the state is bound."""
-        return dict(zip(self._names, self._exchange.accordion.levels)) if self.bound else {}
+        """Each compressed layer's level now, by name; ``{}`` before the state is bound. A tensor
+        the compression leaves whole (1-D, or too small to gain) has no level and is not listed."""
+        return self._exchange.accordion.named_levels if self.bound else {}
 
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given)."""
@@ -230,10 +232,9 @@ class AccordionState:
         """Restore a ``state_dict()``; before the state is bound, it is restored when it binds."""
         if not self.bound:
             # What can be checked without the parameters is checked now, where the mistake is made.
-            levels = (None, None) if _is_plain(self.compression) else tuple(self.compression.levels)
-            saved_levels = tuple((state_dict or {}).get("schedule", {}).get("levels", levels))
-            if saved_levels != levels:
-                raise ValueError(f"checkpoint levels {saved_levels} differ from this state's {levels}")
+            saved_levels = tuple((state_dict or {}).get("schedule", {}).get("levels", self._levels()))
+            if saved_levels != self._levels():
+                raise ValueError(f"checkpoint levels {saved_levels} differ from this state's {self._levels()}")
             self._saved = state_dict
             return
         if self._waiting:
@@ -252,6 +253,10 @@ class AccordionState:
         self.process_group = None
         self._unbound()
         self._hook_ran = [True]  # an unpickled state may be read only: no warning for it
+
+    def _levels(self):
+        """(ℓ_low, ℓ_high) of the compression; ``(None, None)`` for none and fp16."""
+        return (None, None) if _is_plain(self.compression) else tuple(self.compression.levels)
 
     def _bound(self):
         if not self.bound:

@@ -211,14 +211,10 @@ class TensorFlowOps(HorovodProcessSetOps):
         return [tf.cast(tf.reshape(chunk, tf.shape(t)), t.dtype) for chunk, t in zip(chunks, tensors)]
 
     def start_allreduce_mean(self, flat, name, compression=None):
-        """A graph op: TF runs it when its inputs are ready, so it is done when started."""
-        compression = compression or hvd.Compression.none
-        wire, ctx = compression.compress(flat)
-        self._count(wire)
-        reduced = hvd.allreduce(wire, name=f"{self.name_prefix}.{name}", op=hvd.Average,
-                                prescale_factor=1.0 / self.gradient_predivide_factor,
-                                postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
-        return _Done(compression.decompress(reduced, ctx))
+        """A graph op, done when started (TF runs it when its inputs are ready): the grouped
+        allreduce of ``start_allreduce_means`` with one member, so compression, the wire dtype,
+        the byte count and the pre/post-scaling are written once."""
+        return _Done(self.start_allreduce_means([flat], name, compression).wait()[0])
 
     def start_allreduce_means(self, tensors, name, compression=None):
         """Each of ``tensors`` averaged over ranks by one grouped allreduce, as Horovod's tape does:
@@ -227,7 +223,7 @@ class TensorFlowOps(HorovodProcessSetOps):
         if not tensors:
             return _Done([])
         compression = compression or hvd.Compression.none
-        # bf16 travels as fp32, as in start_allreduce_mean: Horovod's TF ops reject bf16.
+        # bf16 travels as fp32: Horovod's TF ops reject bf16.
         wires = [compression.compress(tf.cast(tensor, _WIRE_DTYPES.get(tensor.dtype, tensor.dtype)))
                  for tensor in tensors]
         self.bytes_sent.assign_add(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]))

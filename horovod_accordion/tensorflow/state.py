@@ -17,7 +17,7 @@ from horovod.tensorflow.compression import Compressor
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import MicroBatchCounter, switched_levels
+from horovod_accordion.batch import MicroBatchCounter, leveled_layers, switched_levels
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer, split_state
 from horovod_accordion.tensorflow.ops import TensorFlowOps
@@ -82,6 +82,7 @@ class AccordionState(tf.Module):
             names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
             check_norm=check_norm, verify_levels=verify_levels,
+            compressed_layers=leveled_layers(batch_switch, self._reducer),
             describe=None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, int(ops.size())))
         self._compression = compression
         self._variables = variables
@@ -187,9 +188,10 @@ class AccordionState(tf.Module):
 
     @property
     def levels(self):
-        """Each variable's current level, by name."""
+        """Each compressed variable's current level, by name (every variable's with
+        ``batch_switch``); a tensor the compression leaves whole is not listed."""
         with self._python_state():
-            return dict(zip(self._schedule.layer_names, self._schedule.levels))
+            return self._schedule.named_levels
 
     @property
     def micro_batches_per_step(self):

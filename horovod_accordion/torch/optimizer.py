@@ -29,12 +29,13 @@ from horovod.torch.compression import Compressor
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import MicroBatchCounter, switched_levels
+from horovod_accordion.batch import MicroBatchCounter, leveled_layers, switched_levels
 from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch.compression import Compression
+from horovod_accordion.torch_compression import PlainCompressor
 from horovod_accordion.torch.ops import TorchOps
 from horovod_accordion.torch_tensors import map_leaves, summary_writer
 
@@ -62,10 +63,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ops = TorchOps(process_set, gradient_predivide_factor,
                              device=self._params[0].device if self._params else "cpu",
                              name_prefix=collective_prefix(self._names))
-        self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops, Compressor)
-        check_on_one_device(self._names, [p.device for p in self._params], levels)
+        self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops,
+                                             (Compressor, PlainCompressor))
         self._batch_switch = batch_switch
         levels = switched_levels(batch_switch, levels, backward_passes_per_step)
+        check_on_one_device(self._names, [p.device for p in self._params], levels)
         if batch_switch is not None:
             accordion_options["per_layer"] = False  # one batch size for the whole model
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
@@ -74,7 +76,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         log_path, tensorboard_dir = accordion_options.pop("log_path"), accordion_options.pop("tensorboard_dir")
         # describe must not hold the optimizer: the exit warning below keeps the Accordion alive.
         describe = None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size())
-        self._accordion = Accordion(self._names, levels, describe=describe, **accordion_options)
+        self._accordion = Accordion(self._names, levels, describe=describe,
+                                    compressed_layers=leveled_layers(batch_switch, self._reducer), **accordion_options)
         # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
         self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
@@ -209,8 +212,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def levels(self):
-        """Each parameter's level now (a PowerSGD rank, a TopK fraction, or micro-batches per step), by name."""
-        return dict(zip(self._names, self._accordion.levels))
+        """Each compressed parameter's level now (a PowerSGD rank, a TopK fraction, or with
+        ``batch_switch`` every parameter's micro-batches per step), by name. A tensor the
+        compression leaves whole (1-D, or too small to gain) has no level and is not listed."""
+        return self._accordion.named_levels
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""

@@ -212,8 +212,19 @@ def check_none_and_fp16_are_ddp_allreduce_and_torch_fp16_compress_hook_with_byte
             assert torch.equal(p, q), f"{compression.__name__}, {layer}: max diff {(p - q).abs().max():.3e}"
         numel = sum(p.numel() for p in ours.parameters())
         assert state.accordion_stats()["bytes_per_step"] == [numel * wire_bytes] * 10, state.accordion_stats()
-        assert state.levels == {name: None for name, _ in ours.module.named_parameters()}
+        assert state.levels == {}, state.levels  # none and fp16 compress no layer: no levels
         report[compression.__name__] = numel * wire_bytes
+    # fp16 parameters: an fp16 wire is divided before the sum, as both of torch's do.
+    for compression, their_hook in ((Compression.none, None), (Compression.fp16, fp16_compress_hook)):
+        ours, theirs = DistributedDataParallel(make_model().half()), DistributedDataParallel(make_model().half())
+        ours.register_comm_hook(AccordionState(compression=compression, model=ours, window_steps=1), accordion_hook)
+        if their_hook is not None:
+            theirs.register_comm_hook(None, their_hook)
+        for model in (ours, theirs):
+            x, y = batch_of_rank(dist.get_rank(), 0, scale=1000.0)
+            torch.nn.functional.cross_entropy(model(x.half()).float(), y).backward()
+        for (layer, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            assert torch.equal(p.grad, q.grad), f"fp16 parameters, {compression.__name__}, {layer}"
     return report
 
 
@@ -234,6 +245,42 @@ def check_a_step_whose_gradients_are_zero_on_every_rank_does_not_silence_powersg
                  if p.dim() == 2]
         assert all(norm > 0 for norm in norms), dict(zip(weights, norms))
         report[f"rank {rank}"] = min(norms)
+    return report
+
+
+def overflow_in_second_row(grad):
+    signs = torch.tensor([1.0, -1.0]).repeat(grad.shape[1] // 2 + 1)[:grad.shape[1]]
+    overflowed = grad.clone()
+    overflowed[1] = signs * float("inf")
+    return overflowed
+
+
+def check_a_non_finite_gradient_on_one_rank_makes_the_average_non_finite_and_spares_the_state():
+    """An overflow on one rank (what a GradScaler looks for) must reach every rank's average,
+    at rank 1 (a column normalised, not factorised) as at rank 2, while the memory and Q stay
+    as they were, so the next finite step goes on as if the skipped one had not happened."""
+    report = {}
+    for rank in (1, 2):
+        model, optimizer, state = hooked(PowerSGD(rank, min_compression_rate=0), window_steps=None)
+        train(model, optimizer, 2)
+        reducer = state._exchange.reducer
+        kept = {i: (reducer.memory[i].clone(), reducer.q[i].clone()) for i in reducer.q}
+        optimizer.zero_grad()
+        # On rank 0, overflows of both signs in the second row of each matrix, so that P = M Q is
+        # NaN there (inf − inf), and none in the first row, which a unit vector would pick.
+        handles = [p.register_hook(overflow_in_second_row) for p in model.parameters()
+                   if p.dim() == 2 and dist.get_rank() == 0]
+        loss_at(model, 2).backward()
+        for handle in handles:
+            handle.remove()
+        weights = [p.grad for p in model.parameters() if p.dim() == 2]
+        assert all(not torch.isfinite(grad).all() for grad in weights), f"rank {rank}: an overflow was averaged away"
+        for i, (memory, q) in kept.items():
+            assert torch.equal(reducer.memory[i], memory) and torch.equal(reducer.q[i], q), f"rank {rank}, layer {i}"
+        averaged = []
+        train(model, optimizer, 1, first=3, averaged=averaged)
+        assert all(torch.isfinite(grad).all() for grad in averaged[0]), f"rank {rank}"
+        report[f"rank {rank}"] = "non-finite average, state kept"
     return report
 
 
@@ -336,7 +383,8 @@ def check_a_state_built_without_the_model_binds_itself_and_equals_the_bound_one(
                     free_state = moved
                     free.register_comm_hook(free_state, accordion_hook)
             assert (len(binding_buckets) > 1) == (layout == "find_unused_parameters"), (layout, binding_buckets)
-            assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in range(6)]
+            # The matrices, compressed; the biases have no level (issue 18: they were listed).
+            assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in (0, 2, 4)]
             for (layer, p), q in zip(model.named_parameters(), free.parameters()):
                 assert torch.equal(p, q), f"{name}, {layout}, {layer}: max diff {(p - q).abs().max():.3e}"
             theirs = [(event, step, list(levels.values()))
