@@ -11,27 +11,30 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, check_names, worker_env
+from tests.conftest import check_names, worker_env
 
 
-def gpu_missing():
-    """Why these tests cannot run here, or ``None``; asked in a subprocess, so that pytest
-    itself never initialises CUDA."""
-    probe = ("import torch, horovod.torch as h; "
-             "print('no CUDA GPU visible to torch' if not torch.cuda.is_available() else "
-             "'only one GPU: the checks need two ranks' if torch.cuda.device_count() < 2 else "
-             "'' if h.nccl_built() else 'Horovod was built without NCCL: HOROVOD_GPU_OPERATIONS=NCCL make setup')")
+TWO_GPUS_AND_NCCL = ("import torch, horovod.torch as h; "
+                     "print('no CUDA GPU visible to torch' if not torch.cuda.is_available() else "
+                     "'only one GPU: the checks need two ranks' if torch.cuda.device_count() < 2 else "
+                     "'' if h.nccl_built() else 'Horovod was built without NCCL: HOROVOD_GPU_OPERATIONS=NCCL make setup')")
+ONE_GPU = "import torch; print('' if torch.cuda.is_available() else 'no CUDA GPU visible to torch')"
+
+
+def skip_unless_ready(probe):
+    """Skip, saying why, outside ``make test-gpu`` or where ``probe`` prints a reason; the probe
+    runs in a subprocess, so that pytest itself never initialises CUDA."""
+    if os.environ.get("HOROVOD_ACCORDION_GPU_TESTS") != "1":
+        pytest.skip("GPU tests run with `make test-gpu`")
     answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=worker_env())
-    return answer.stdout.strip() or (answer.stderr.strip()[-300:] if answer.returncode else None)
+    reason = answer.stdout.strip() or (answer.stderr.strip()[-300:] if answer.returncode else None)
+    if reason:
+        pytest.skip(f"make test-gpu: {reason}")
 
 
 @pytest.fixture(scope="module")
 def gpu():
-    if os.environ.get("HOROVOD_ACCORDION_GPU_TESTS") != "1":
-        pytest.skip("GPU tests run with `make test-gpu`")
-    reason = gpu_missing()
-    if reason:
-        pytest.skip(f"make test-gpu: {reason}")
+    skip_unless_ready(TWO_GPUS_AND_NCCL)
 
 
 @pytest.mark.multiworker
@@ -41,19 +44,9 @@ def test_every_compression_on_gpu_matches_the_cpu(gpu, launches, module, control
     launches(module, controller).check("check_every_compression_on_the_device_matches_the_cpu")
 
 
-def cuda_missing():
-    probe = "import torch; print('' if torch.cuda.is_available() else 'no CUDA GPU visible to torch')"
-    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=worker_env())
-    return answer.stdout.strip() or (answer.stderr.strip()[-300:] if answer.returncode else None)
-
-
 @pytest.fixture(scope="module")
 def one_gpu():
-    if os.environ.get("HOROVOD_ACCORDION_GPU_TESTS") != "1":
-        pytest.skip("GPU tests run with `make test-gpu`")
-    reason = cuda_missing()
-    if reason:
-        pytest.skip(f"make test-gpu: {reason}")
+    skip_unless_ready(ONE_GPU)
 
 
 @pytest.mark.multiworker
