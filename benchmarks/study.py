@@ -39,18 +39,25 @@ LEVERS = {  # variant name: the extra arguments of the Accordion row
 
 def rows_of(args):
     """Every row of a setting: (family, setting, variant, levels, run name, train arguments).
-    Rows with the same arguments share their runs (uncompressed is every family's reference)."""
+    Rows with the same arguments share their runs (uncompressed and fp16 are every family's
+    references). The policies other than Accordion's choose from the family's ladder."""
     config = {"powersgd": args.powersgd_levels, "topk": args.topk_levels, "batch": (1, args.batch_multiplier)}
+    ladders = {"powersgd": args.powersgd_ladder, "topk": args.topk_ladder}
     uncompressed = ("uncompressed", ["--compression", "none"])
+    fp16 = ("fp16", ["--compression", "fp16"])
     rows = []
     for family in ("powersgd", "topk"):
         low, high = config[family]
         levels = ["--compression", family, "--levels"]
+        ladder = [f"{level:g}" for level in ladders[family]]
         rows += [(family, "uncompressed", "default", [None, None], *uncompressed),
+                 (family, "fp16", "default", [None, None], *fp16),
                  (family, "low", "default", [low, low], f"{family}-low", levels + [str(low), str(low)]),
                  (family, "high", "default", [high, high], f"{family}-high", levels + [str(high), str(high)]),
                  (family, "accordion", "default", [low, high], f"{family}-accordion",
                   levels + [str(low), str(high)])]
+        rows += [(family, policy, "default", list(ladders[family]), f"{family}-{policy.replace('_', '-')}",
+                  levels + ladder + ["--policy", policy]) for policy in ("error_budget", "phase")]
     small, multiplier = config["batch"][0], config["batch"][1]
     batch = ["--compression", "none", "--batch-switch", str(multiplier)]
     rows += [("batch", "small", "default", [small, small], *uncompressed),
@@ -185,7 +192,7 @@ def summary_markdown(summary, pngs):
              "| family | setting | variant | levels | seeds | test accuracy (%) | MB sent per rank | bytes vs ℓ_low "
              "| train time (s) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
-        levels = "–" if r["levels"][0] is None else f"{r['levels'][0]:g}/{r['levels'][1]:g}"
+        levels = "–" if r["levels"][0] is None else "/".join(f"{level:g}" for level in r["levels"])
         ratio = "–" if r["bytes_vs_low"] is None else f"{r['bytes_vs_low']:.2f}×"
         lines.append(f"| {r['family']} | {r['setting']} | {r['variant']} | {levels} | {len(r['seeds'])} | "
                      f"{r['test_accuracy_mean']:.1f} ± {r['test_accuracy_std']:.1f} | "
@@ -214,6 +221,8 @@ def parse_args(argv=None):
     parser.add_argument("--setting", help="shorthand for DATASET-MODEL, e.g. mnist1d-cnn1d-wide")
     parser.add_argument("--powersgd-levels", type=int, nargs=2, default=(4, 1), metavar=("LOW", "HIGH"))
     parser.add_argument("--topk-levels", type=float, nargs=2, default=(0.5, 0.1), metavar=("LOW", "HIGH"))
+    parser.add_argument("--powersgd-ladder", type=int, nargs="+", default=(4, 2, 1), help="for the policies' rows")
+    parser.add_argument("--topk-ladder", type=float, nargs="+", default=(0.5, 0.25, 0.1), help="for the policies' rows")
     parser.add_argument("--batch-multiplier", type=int, default=4, help="the large batch, in small batches")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--rows", nargs="+", default=["*"], help="family/setting/variant patterns")

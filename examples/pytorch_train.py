@@ -4,7 +4,8 @@
         --compression powersgd --levels 4 1 --record run.jsonl
 
 ``--compression`` picks the family (none, fp16, powersgd, topk); ``--levels LOW HIGH`` its
-ℓ_low and ℓ_high (equal levels are the static baseline); ``--batch-switch M`` switches
+ℓ_low and ℓ_high (equal levels are the static baseline), or a ladder ``LOW MIDDLE... HIGH``
+for ``--policy error_budget`` or ``phase`` to choose from; ``--batch-switch M`` switches
 between the per-rank batch and M times it instead. The schedule is the study's: a linear
 warm-up, then the learning rate ×0.1 at 50 % and 75 % of the epochs.
 
@@ -29,7 +30,7 @@ def parse_args(argv=None):
     parser.add_argument("--data-dir", help="where cifar10 lies (cifar-10-batches-py); nothing is downloaded")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn1d")
     parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk"], default="powersgd")
-    parser.add_argument("--levels", type=float, nargs=2, metavar=("LOW", "HIGH"), default=(4, 1),
+    parser.add_argument("--levels", type=float, nargs="+", metavar="LEVEL", default=(4, 1),
                         help="ℓ_low and ℓ_high: PowerSGD ranks or TopK kept fractions")
     parser.add_argument("--batch-switch", type=int, metavar="M",
                         help="switch between --batch-size and M times it (fixed --compression)")
@@ -46,6 +47,9 @@ def parse_args(argv=None):
     parser.add_argument("--whole-model", action="store_true", help="one decision for the model, not per layer")
     parser.add_argument("--delta-windows", type=int, default=1, help="epochs accumulated into a check's Δ")
     parser.add_argument("--check-norm", choices=["local", "averaged"], default="local")
+    parser.add_argument("--policy", choices=["accordion", "error_budget", "phase"], default="accordion",
+                        help="how the levels are chosen from --levels: see horovod_accordion.policies")
+    parser.add_argument("--slack", type=float, default=2.0, help="error_budget: the error allowed over ℓ_low's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", help="rank 0 writes the per-epoch JSONL record here")
     parser.add_argument("--tensorboard-dir", help="rank 0 writes Accordion's scalars here")
@@ -79,12 +83,20 @@ MODELS = {"cnn1d": lambda: cnn1d(32), "cnn1d-wide": lambda: cnn1d(64), "cnn2d": 
 
 
 def compression_of(args):
-    low, high = args.levels
+    low, high = args.levels[0], args.levels[-1]
     if args.compression == "powersgd":
-        return hvd.Compression.powersgd(int(low), int(high), seed=args.seed)
+        return hvd.Compression.powersgd(int(low), int(high), seed=args.seed,
+                                        ladder=tuple(int(level) for level in args.levels))
     if args.compression == "topk":
-        return hvd.Compression.topk(low, high)
+        return hvd.Compression.topk(low, high, ladder=tuple(args.levels))
     return {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[args.compression]
+
+
+def policy_of(args):
+    """The level policy; the phase schedule's windows are the epochs."""
+    if args.policy == "phase":
+        return hvd.PhaseSchedule(total_windows=args.epochs)
+    return hvd.ErrorBudget(slack=args.slack) if args.policy == "error_budget" else "accordion"
 
 
 def lr_factor(args, epoch):
@@ -110,7 +122,8 @@ def main(args):
     optimizer = hvd.DistributedOptimizer(
         sgd, named_parameters=model.named_parameters(), compression=compression_of(args),
         interval=args.interval, per_layer=not args.whole_model, delta_windows=args.delta_windows,
-        check_norm=args.check_norm, batch_switch=batch_switch, tensorboard_dir=args.tensorboard_dir)
+        check_norm=args.check_norm, batch_switch=batch_switch, tensorboard_dir=args.tensorboard_dir,
+        policy=policy_of(args))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(args, epoch))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)

@@ -11,6 +11,7 @@ import warnings
 
 from horovod_accordion.detector import RegimeDetector
 from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.policies import AccordionPolicy, make_policy
 from horovod_accordion.reducers import fused_allreduce_mean
 
 __all__ = ["Accordion", "NO_WINDOW_WARNING_STEPS", "warn_if_no_window_closed"]
@@ -25,7 +26,8 @@ class Accordion:
 
     Args:
         layer_names: one name per gradient tensor, in the adapter's order.
-        levels: ``(low, high)``: ℓ_low for critical layers, ℓ_high for the others.
+        levels: the ladder ``(low, ..., high)``: ℓ_low for critical layers, ℓ_high for the
+            others, and the levels between for a policy that uses them.
         eta, interval, per_layer, lr_decay_factor: see :class:`RegimeDetector`.
         window_steps: a window is this many optimizer steps; ``None`` means the user
             closes each window (an epoch) by calling ``end_epoch()`` on the optimizer.
@@ -47,11 +49,13 @@ class Accordion:
             compression compresses: the others (1-D tensors, matrices too small to gain) are
             decided on too, but their level is never used, so ``named_levels`` and the log
             leave them out. ``None``: every layer (a batch size applies to all).
+        policy: how the levels are chosen from the ladder, see ``horovod_accordion.policies``:
+            ``"accordion"`` (the default), ``"error_budget"``, or a policy object.
     """
 
     def __init__(self, layer_names, levels, eta=0.5, interval=10, window_steps=None,
                  per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
-                 log=None, describe=None, compressed_layers=None):
+                 log=None, describe=None, compressed_layers=None, policy=None):
         if window_steps is not None and (int(window_steps) != window_steps or window_steps < 1):
             raise ValueError(f"window_steps must be a positive integer or None (epochs), got {window_steps!r}")
         if isinstance(delta_windows, bool) or not isinstance(delta_windows, int) or not 1 <= delta_windows <= interval:
@@ -61,7 +65,13 @@ class Accordion:
         self.layer_names = list(layer_names)
         self.compressed_layers = range(len(self.layer_names)) if compressed_layers is None \
             else sorted(compressed_layers)
-        self.low, self.high = levels
+        self.ladder = tuple(levels)
+        self.low, self.high = self.ladder[0], self.ladder[-1]
+        self.policy = make_policy(policy)
+        if compressed_layers is None and type(self.policy) is not AccordionPolicy:
+            raise ValueError(f"policy {self.policy!r} chooses compression levels: with batch_switch, keep the "
+                             f"default policy='accordion'")
+        self.level_costs = {}  # the compressed layers' bytes per ladder level, from ``attach``
         self.window_steps = window_steps
         self.delta_windows = delta_windows
         self.check_norm = check_norm
@@ -73,6 +83,19 @@ class Accordion:
         self.describe = describe
         self.step = 0
         self.micro_batches_accumulated = 0
+        self._levels = self._decide()
+
+    def attach(self, reducer):
+        """Start ``reducer`` at this schedule's levels. A policy other than Accordion's weighs
+        the bytes of each compressed layer at each ladder level, which the reducer knows."""
+        if type(self.policy) is not AccordionPolicy:
+            self.level_costs = reducer.level_costs(self.ladder)
+            self._levels = self._decide()
+        reducer.set_levels(self.levels)
+
+    def _decide(self, errors=None):
+        return self.policy.decide(self.ladder, self.detector.critical, self.detector.windows_seen,
+                                  current=getattr(self, "_levels", None), errors=errors, costs=self.level_costs)
 
     @property
     def adaptive(self):
@@ -80,7 +103,8 @@ class Accordion:
 
     @property
     def levels(self):
-        return [self.low if critical else self.high for critical in self.detector.critical]
+        """Each layer's level now, in the order of ``layer_names``."""
+        return list(self._levels)
 
     @property
     def named_levels(self):
@@ -90,8 +114,9 @@ class Accordion:
 
     def observe_lr(self, lr):
         """Returns ``True`` if a learning-rate decay event just switched every layer to ℓ_low."""
-        if not self.detector.observe_lr(lr):
+        if not self.policy.reads_norms or not self.detector.observe_lr(lr):
             return False
+        self._levels = self._decide()
         self.log.record_decay(self.step, lr, self.named_levels.items())
         return True
 
@@ -107,22 +132,25 @@ class Accordion:
     @property
     def window_is_check(self):
         """Whether the window now running ends in a check, where Δ is reduced and decided on."""
-        return self.adaptive and self.detector.next_window_is_check
+        return self.adaptive and self.policy.reads_norms and self.detector.next_window_is_check
 
     @property
     def window_accumulates(self):
         """Only the last ``delta_windows`` windows before a check need their gradients in Δ."""
-        return self.adaptive and -self.detector.windows_seen % self.detector.interval < self.delta_windows
+        return self.adaptive and self.policy.reads_norms and \
+            -self.detector.windows_seen % self.detector.interval < self.delta_windows
 
     @property
     def window_empties_delta(self):
         """Δ starts again after a check, and after any window that feeds no check."""
         return self.window_is_check or not self.window_accumulates
 
-    def end_window(self, mean_squared_norms=None, **log_extra):
+    def end_window(self, mean_squared_norms=None, errors=None, **log_extra):
         """Close the window; at a check, with each layer's squared norm of the accumulated
         gradient, averaged over ranks. Norms are divided by the micro-batches in Δ, so a
         change in batch size or window length alone does not look like a regime change.
+        ``errors``: the policy's ``{layer: [squared error per ladder level]}``, averaged over
+        ranks. Returns ``True`` if the levels were decided again.
         """
         scale = max(self.micro_batches_accumulated, 1)
         if self.window_empties_delta:
@@ -130,14 +158,20 @@ class Accordion:
         if not self.adaptive:
             return False  # a fixed level: the user's loop closes windows all the same, for nothing
         window = self.detector.windows_seen
+        lr = self.detector.lr_current_window
+        if not self.policy.reads_norms:
+            self.detector.pass_window()
+            self._levels = self._decide()
+            self.log.record_check(self.step, window, self.named_levels.items(), (), (), lr=lr, **log_extra)
+            return True
         if mean_squared_norms is None:
             return self.detector.end_window()
         norms = [math.sqrt(s) / scale if s >= 0 else float("nan") for s in mean_squared_norms]
         # The window's highest rate (None if none was observed), so that a log without epoch
         # records still plots its schedule.
-        lr = self.detector.lr_current_window
         if not self.detector.end_window(norms):
             return False
+        self._levels = self._decide(errors)
         ratios = self.detector.last_ratios
         if not self.detector.per_layer:
             ratios = ratios * len(self.layer_names)
@@ -170,17 +204,27 @@ class Accordion:
         check empties it too. Warns about the layers with non-finite gradients in the window."""
         empty = self.window_empties_delta
         if self.window_is_check:
+            # Each rank's own errors, before anything averages Δ: the table is averaged instead.
+            errors = reducer.approximation_errors(accumulated, self.ladder) if self.policy.measures_errors else None
             if self.check_norm == "local":
-                squared = ops.start_allreduce_mean(ops.squared_norms(accumulated), "norms").wait()
+                local = ops.squared_norms(accumulated)
+                table = ops.to_floats(ops.start_allreduce_mean(
+                    local if errors is None else ops.concat([local, errors]), "norms").wait())
+                squared, errors = table[:len(accumulated)], table[len(accumulated):]
             else:
+                if errors is not None:
+                    errors = ops.to_floats(ops.start_allreduce_mean(errors, "errors").wait())
                 # Δ is emptied after a check, so the collective may write the average into it.
-                squared = ops.squared_norms(fused_allreduce_mean(ops, accumulated, "delta"))
-            if self.end_window(ops.to_floats(squared), bytes_sent=ops.take_bytes_sent()):
+                squared = ops.to_floats(ops.squared_norms(fused_allreduce_mean(ops, accumulated, "delta")))
+            rungs = len(self.ladder)
+            errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
+                if errors else None
+            if self.end_window(squared, errors=errors, bytes_sent=ops.take_bytes_sent()):
                 reducer.set_levels(self.levels)
             if self.verify_levels:
                 self._verify_same_levels(ops)
-        else:
-            self.end_window()
+        elif self.end_window():
+            reducer.set_levels(self.levels)
         if empty:
             for total in accumulated:
                 ops.zero(total)
@@ -213,14 +257,16 @@ class Accordion:
         """The schedule, with the check history, so that a resumed run's stats stay whole."""
         return {"detector": self.detector.state_dict(), "step": self.step,
                 "micro_batches_accumulated": self.micro_batches_accumulated,
-                "levels": (self.low, self.high), "layer_names": self.layer_names,
-                "checks": list(self.log.checks)}
+                "levels": self.ladder, "current_levels": list(self._levels), "policy": repr(self.policy),
+                "layer_names": self.layer_names, "checks": list(self.log.checks)}
 
     def check_compatible(self, state):
         """Raise a ``ValueError`` that says what differs if ``state`` is another configuration's."""
-        if tuple(state["levels"]) != (self.low, self.high):
-            raise ValueError(f"checkpoint levels {tuple(state['levels'])} differ from this optimizer's "
-                             f"{(self.low, self.high)}")
+        if tuple(state["levels"]) != self.ladder:
+            raise ValueError(f"checkpoint levels {tuple(state['levels'])} differ from this optimizer's {self.ladder}")
+        saved_policy = state.get("policy", repr(make_policy(None)))
+        if saved_policy != repr(self.policy):
+            raise ValueError(f"the checkpoint was saved with policy {saved_policy}, this optimizer has {self.policy!r}")
         if list(state["layer_names"]) != self.layer_names:
             only_one_side = sorted(set(state["layer_names"]) ^ set(self.layer_names))
             raise ValueError(f"checkpoint layer names differ from this model's parameters"
@@ -233,6 +279,7 @@ class Accordion:
         self.log.checks = list(state.get("checks", self.log.checks))
         self.step = state["step"]
         self.micro_batches_accumulated = state["micro_batches_accumulated"]
+        self._levels = list(state["current_levels"]) if "current_levels" in state else self._decide()
 
 
 def warn_if_no_window_closed(accordion, closer):

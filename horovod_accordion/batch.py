@@ -54,7 +54,7 @@ class BatchSwitch:
     def replace_levels(self, compression_levels):
         """The levels Accordion switches with this batch switch: the micro-batches per step.
         Switching the compression too would confound the two, so it must be fixed."""
-        if compression_levels[0] != compression_levels[1]:
+        if len(set(compression_levels)) > 1:
             raise ValueError("Accordion switches either the compression level or the batch size: "
                              "with batch_switch, use a fixed compression")
         return self.levels

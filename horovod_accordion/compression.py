@@ -28,6 +28,9 @@ class PowerSGD:
         use_error_feedback: add the previous step's compression error to the gradient.
         warm_start: reuse the last step's Q instead of drawing a new one each step.
         seed: seed of the random Q; identical on every rank, so all ranks draw the same Q.
+        ladder: the ranks a level policy may choose from, ``low_rank`` first and ``high_rank``
+            last, decreasing, for example ``(4, 2, 1)``. ``None``: ``(low_rank, high_rank)``,
+            Accordion's two levels. See ``horovod_accordion.policies``.
     """
     low_rank: int
     high_rank: int = None
@@ -35,6 +38,7 @@ class PowerSGD:
     use_error_feedback: bool = True
     warm_start: bool = True
     seed: int = 0
+    ladder: tuple = None
 
     def __post_init__(self):
         if self.high_rank is None:
@@ -49,10 +53,12 @@ class PowerSGD:
                 f"must not exceed low_rank ({self.low_rank}); swap them")
         if not (self.min_compression_rate >= 0 and math.isfinite(self.min_compression_rate)):
             raise ValueError(f"min_compression_rate must be >= 0, got {self.min_compression_rate!r}")
+        _check_ladder(self, "rank", self.low_rank, self.high_rank)
 
     @property
     def levels(self):
-        return self.low_rank, self.high_rank
+        """The ladder, ℓ_low first and ℓ_high last."""
+        return self.ladder
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,15 @@ class TopK:
             indices (an allgather) while that costs less on a ring than a dense allreduce of
             the layer at the current world size, else as the sparsified layer through the
             allreduce; the maths are the same. ``"sparse"`` or ``"dense"`` force one way.
+        ladder: the fractions a level policy may choose from, ``low_fraction`` first and
+            ``high_fraction`` last, decreasing, for example ``(0.5, 0.25, 0.1)``. ``None``:
+            ``(low_fraction, high_fraction)``, Accordion's two levels.
     """
     low_fraction: float
     high_fraction: float = None
     use_error_feedback: bool = True
     wire: str = "auto"
+    ladder: tuple = None
 
     def __post_init__(self):
         if self.high_fraction is None:
@@ -86,10 +96,29 @@ class TopK:
                 f"must not exceed low_fraction ({self.low_fraction}); swap them")
         if self.wire not in ("auto", "sparse", "dense"):
             raise ValueError(f"TopK wire must be 'auto', 'sparse' or 'dense', got {self.wire!r}")
+        _check_ladder(self, "fraction", self.low_fraction, self.high_fraction)
 
     @property
     def levels(self):
-        return self.low_fraction, self.high_fraction
+        """The ladder, ℓ_low first and ℓ_high last."""
+        return self.ladder
+
+
+def _check_ladder(config, level, low, high):
+    """Fill in the default ladder (low, high), or check a given one: from ``low`` down to
+    ``high``, each level a higher compression than the one before."""
+    if config.ladder is None:
+        object.__setattr__(config, "ladder", (low, high))
+        return
+    ladder = tuple(config.ladder)
+    object.__setattr__(config, "ladder", ladder)
+    if ladder == (low, high):
+        return
+    decreasing = all(a > b for a, b in zip(ladder, ladder[1:]))
+    whole = level != "rank" or all(isinstance(r, int) and not isinstance(r, bool) for r in ladder)
+    if not whole or len(ladder) < 2 or ladder[0] != low or ladder[-1] != high or not decreasing:
+        raise ValueError(f"{type(config).__name__} ladder {ladder!r} must run from ℓ_low ({low}) down to ℓ_high "
+                         f"({high}), each {level} below the one before")
 
 
 def cast_compressor(dtype_name, compressors):

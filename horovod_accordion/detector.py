@@ -92,12 +92,10 @@ class RegimeDetector:
         ``self.critical`` were re-evaluated), else ``False``.
         """
         window = self.windows_seen
-        self.decayed_this_window = False
-        if self.lr_current_window is not None:
-            self.lr_previous_window, self.lr_current_window = self.lr_current_window, None
         if window % self.interval != 0:
-            self.windows_seen += 1
+            self.pass_window()
             return False
+        self._next_lr_window()
         if norms is None or len(norms) != self.num_layers:
             raise ValueError(f"window {window} is a check: expected {self.num_layers} norms, got "
                              f"{None if norms is None else len(norms)}")
@@ -127,6 +125,17 @@ class RegimeDetector:
             n if math.isfinite(n) else (previous[i] if previous else n) for i, n in enumerate(norms)]
         self.last_ratios = ratios
         return True
+
+    def pass_window(self):
+        """Close a window without deciding: one that is not a check, or every window of a
+        policy that reads no norms."""
+        self._next_lr_window()
+        self.windows_seen += 1
+
+    def _next_lr_window(self):
+        self.decayed_this_window = False
+        if self.lr_current_window is not None:
+            self.lr_previous_window, self.lr_current_window = self.lr_current_window, None
 
     def observe_lr(self, lr):
         """Report the learning rate in force. Returns ``True`` on a decay event."""

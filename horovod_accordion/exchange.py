@@ -26,6 +26,7 @@ class BucketedExchange:
 
     def __init__(self, accordion, reducer, ops, params):
         self.accordion, self.reducer, self.ops = accordion, reducer, ops
+        accordion.attach(reducer)
         # The window's Δ and its non-finite counts; nothing when the level is fixed.
         self.accumulated = [ops.delta_like(p) for p in params] if accordion.adaptive else []
         self.non_finite_counts = ops.counters(len(params)) if accordion.adaptive else None

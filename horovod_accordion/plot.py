@@ -122,6 +122,9 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
     return written
 
 
+_POLICY_COLORS = {"accordion": "tab:red", "error_budget": "tab:green", "phase": "tab:purple"}
+
+
 def study_figures(summary, curves, out_dir):
     """Accuracy over epochs per family (mean ± 1 std over seeds, main rows) and accuracy
     against bytes sent (every row). ``curves``: {"family/setting/variant": [per-seed accuracies]}."""
@@ -159,9 +162,10 @@ def study_figures(summary, curves, out_dir):
         drawn.add(point)
         ax.errorbar(row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"], yerr=row["test_accuracy_std"],
                     fmt=markers.get(row["family"], "o"), capsize=3,
-                    color="tab:red" if row["setting"] == "accordion" else "tab:blue")
+                    color=_POLICY_COLORS.get(row["setting"], "tab:blue"))
         label = row["setting"] if row["variant"] == "default" else row["variant"]
-        ax.annotate(label if row["setting"] in ("uncompressed", "small") else f"{row['family']} {label}", (row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"]),
+        shared = row["setting"] in ("uncompressed", "fp16", "small")
+        ax.annotate(label if shared else f"{row['family']} {label}", (row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"]),
                     fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):

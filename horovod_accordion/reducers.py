@@ -13,7 +13,7 @@ import numpy as np
 
 from horovod_accordion.arguments import under_elastic
 from horovod_accordion.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
-                                           packed_index_words, powersgd_compresses, sparse_is_cheaper)
+                                           kept_count, packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
 __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
            "make_reducer", "query_stream", "split_state", "start_fused_allreduce_mean"]
@@ -156,6 +156,12 @@ class DenseReducer(_Reducer):
     def set_levels(self, levels):
         pass
 
+    def level_costs(self, ladder):
+        return {}
+
+    def approximation_errors(self, accumulated, ladder):
+        return None
+
     def phases(self, layers, grads, name):
         if self.may_skip_alone and self.ops.size() == 1:
             yield
@@ -233,6 +239,23 @@ class PowerSGDReducer(_Reducer):
         for i in self.compressed:
             self.ops.set_level(self.ranks[i], clamped_rank(levels[i], self.matrices[i]))
 
+    def level_costs(self, ladder):
+        """Each compressed layer's bytes per step at each rank of ``ladder``: P and Q in fp32."""
+        return {i: [4 * sum(self.matrices[i]) * clamped_rank(rank, self.matrices[i]) for rank in ladder]
+                for i in self.compressed}
+
+    def approximation_errors(self, accumulated, ladder):
+        """‖Δ − P (Δᵀ P)ᵀ‖² of each compressed layer at each rank of ``ladder``, with P =
+        orthogonalize(Δ Q) from the layer's own Q: one power iteration, as a step runs it, on
+        this rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
+        ops, residuals = self.ops, []
+        for i in self.compressed:
+            delta, q = ops.as_matrix(accumulated[i], self.matrices[i]), ops.read(self.q[i])
+            for rank in ladder:
+                p = ops.orthogonalize(ops.matmul(delta, ops.columns(q, 0, clamped_rank(rank, self.matrices[i]))))
+                residuals.append(delta - ops.matmul(p, ops.transpose(ops.matmul(ops.transpose(delta), p))))
+        return ops.squared_norms(residuals) if residuals else None
+
     def phases(self, layers, grads, name):
         ops = self.ops
         compressed = [(i, g) for i, g in zip(layers, grads) if i in self.ranks]
@@ -309,6 +332,31 @@ class TopKReducer(_Reducer):
     def set_levels(self, levels):
         for i in self.compressed:
             self.ops.set_level(self.fractions[i], levels[i])
+
+    def level_costs(self, ladder):
+        """Each compressed layer's bytes per step at each fraction of ``ladder``, on the wire
+        this world size would choose: values and indices, or the dense layer."""
+        size = int(self.ops.size())
+        costs = {}
+        for i in self.compressed:
+            dtype, row = self.index_dtypes[i], []
+            for fraction in ladder:
+                k = kept_count(fraction, self.numels[i])
+                sparse = self.config.wire == "sparse" or (
+                    self.config.wire == "auto" and sparse_is_cheaper(k, self.numels[i], index_bytes(dtype), size))
+                row.append(4 * (k + packed_index_words(k, dtype)) if sparse else 4 * self.numels[i])
+            costs[i] = row
+        return costs
+
+    def approximation_errors(self, accumulated, ladder):
+        """‖Δ − TopK(Δ)‖² of each compressed layer at each fraction of ``ladder``, on this
+        rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
+        ops, residuals = self.ops, []
+        for i in self.compressed:
+            delta = ops.as_matrix(accumulated[i], (-1,))
+            residuals += [ops.zeroed_at(delta, ops.top_abs_indices(delta, kept_count(fraction, self.numels[i])))
+                          for fraction in ladder]
+        return ops.squared_norms(residuals) if residuals else None
 
     def _sparse(self, i, k):
         if self.config.wire != "auto":

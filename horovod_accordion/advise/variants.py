@@ -23,7 +23,7 @@ class Variant:
 
     @property
     def adaptive(self):
-        return self.compression is not None and self.compression.levels[0] != self.compression.levels[1]
+        return self.compression is not None and self.compression.levels[0] != self.compression.levels[-1]
 
     @property
     def level_keys(self):
@@ -31,7 +31,7 @@ class Variant:
         return ("low", "high") if self.adaptive else ("fixed",)
 
     def level(self, key):
-        return None if self.compression is None else self.compression.levels[key == "high"]
+        return None if self.compression is None else self.compression.levels[-1 if key == "high" else 0]
 
 
 def parse_variant(text):

@@ -5,6 +5,7 @@ This package imports no Horovod: it runs wherever torch.distributed does.
 """
 from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.ddp.state import AccordionState, accordion_hook
+from horovod_accordion.policies import ErrorBudget, PhaseSchedule
 from horovod_accordion.torch_compression import Compression
 
-__all__ = ["AccordionState", "Compression", "PowerSGD", "TopK", "accordion_hook"]
+__all__ = ["AccordionState", "Compression", "ErrorBudget", "PhaseSchedule", "PowerSGD", "TopK", "accordion_hook"]

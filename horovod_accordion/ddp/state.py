@@ -32,6 +32,7 @@ from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.ddp.ops import DistributedOps
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.policies import make_policy
 from horovod_accordion.reducers import DenseReducer, make_reducer
 from horovod_accordion.torch_compression import PlainCompressor
 from horovod_accordion.torch_tensors import summary_writer
@@ -67,8 +68,8 @@ class AccordionState:
             already covers early training.
 
     The other keyword arguments, ``eta``, ``interval``, ``window_steps``, ``per_layer``,
-    ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``, ``log_path`` and
-    ``tensorboard_dir``, are as in ``horovod_accordion.torch.DistributedOptimizer``. Windows
+    ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``, ``log_path``,
+    ``tensorboard_dir`` and ``policy``, are as in ``horovod_accordion.torch.DistributedOptimizer``. Windows
     are epochs closed by ``end_epoch()``, or ``window_steps`` steps. Buckets are DDP's own:
     ``bucket_cap_mb`` on ``DistributedDataParallel`` sizes them.
 
@@ -91,7 +92,8 @@ class AccordionState:
 
     def __init__(self, process_group=None, compression=PowerSGD(2, 1), *, model=None, optimizer=None, eta=0.5,
                  interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1,
-                 check_norm="local", verify_levels=None, log_path=None, tensorboard_dir=None, start_iter=0):
+                 check_norm="local", verify_levels=None, log_path=None, tensorboard_dir=None, start_iter=0,
+                 policy="accordion"):
         if isinstance(process_group, torch.nn.Module):
             raise TypeError("AccordionState's first argument is the process group, as PowerSGDState's, and the "
                             "model is optional: write AccordionState(compression=..., optimizer=...), or "
@@ -108,7 +110,8 @@ class AccordionState:
         self.iter = 0
         self._schedule_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                                       lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
-                                      check_norm=check_norm, verify_levels=verify_levels)
+                                      check_norm=check_norm, verify_levels=verify_levels,
+                                      policy=make_policy(policy))
         self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
         self._unbound()
         self._optimizer = optimizer

@@ -16,4 +16,5 @@ from horovod_accordion.keras.callbacks import AccordionCallback  # noqa: F401,E4
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401,E402
 from horovod_accordion.tensorflow.optimizer import DistributedOptimizer, load_model  # noqa: F401,E402
 from horovod_accordion.batch import BatchSwitch  # noqa: F401,E402
+from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401,E402
 import horovod_accordion.keras.elastic as elastic  # noqa: F401,E402 - hvd.elastic, with Accordion's KerasState

@@ -18,3 +18,4 @@ from horovod_accordion.keras3.callbacks import AccordionCallback, BroadcastGloba
 from horovod_accordion.keras3.optimizer import DistributedOptimizer, load_model  # noqa: F401
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401
 from horovod_accordion.batch import BatchSwitch  # noqa: F401
+from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401

@@ -11,3 +11,4 @@ from horovod_accordion.tensorflow.optimizer import (  # noqa: F401 - horovod.ten
 from horovod_accordion.tensorflow.state import AccordionState  # noqa: F401
 from horovod_accordion.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from horovod_accordion.batch import BatchSwitch  # noqa: F401
+from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401

@@ -42,7 +42,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0,
                          delta_windows=1, check_norm="local", verify_levels=None, log_path=None,
-                         tensorboard_dir=None, batch_switch=None):
+                         tensorboard_dir=None, batch_switch=None, policy="accordion"):
     """Wrap a tf_keras ``optimizer`` so that ``apply_gradients`` averages over ranks.
 
     The arguments up to ``scale_local_gradients`` are Horovod's, with its defaults.

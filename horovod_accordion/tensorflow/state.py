@@ -51,7 +51,7 @@ class AccordionState(tf.Module):
     calls, with ``add_micro_batch``, and exchanged once, by ``reduce_pending``, when
     ``count_backward_pass`` says the step is complete. ``eta``, ``interval``, ``window_steps``,
     ``per_layer``, ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``,
-    ``log_path`` and ``tensorboard_dir`` are as in ``horovod_accordion.torch.DistributedOptimizer``;
+    ``log_path``, ``tensorboard_dir`` and ``policy`` are as in ``horovod_accordion.torch.DistributedOptimizer``;
     windows are epochs closed by ``end_epoch()``, or ``window_steps`` calls of ``step_end()``.
     """
 
@@ -59,7 +59,7 @@ class AccordionState(tf.Module):
                  sparse_as_dense=False, process_set=hvd.global_process_set, eta=0.5, interval=10,
                  window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local",
                  verify_levels=None, log_path=None, tensorboard_dir=None, batch_switch=None,
-                 backward_passes_per_step=1, average_aggregated_gradients=False, name=None):
+                 backward_passes_per_step=1, average_aggregated_gradients=False, name=None, policy="accordion"):
         super().__init__(name=name)
         check_optimizer_arguments(_OP_NAMES.get(op, op), gradient_predivide_factor, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step
@@ -81,9 +81,10 @@ class AccordionState(tf.Module):
         self._schedule = Accordion(
             names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
             per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
-            check_norm=check_norm, verify_levels=verify_levels,
+            check_norm=check_norm, verify_levels=verify_levels, policy=policy,
             compressed_layers=leveled_layers(batch_switch, self._reducer),
             describe=None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, int(ops.size())))
+        self._schedule.attach(self._reducer)
         self._compression = compression
         self._variables = variables
         if not under_elastic():

@@ -437,7 +437,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          process_set=hvd.global_process_set, *,
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
                          lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
-                         log_path=None, tensorboard_dir=None, batch_switch=None, bucket_cap_mb=25):
+                         log_path=None, tensorboard_dir=None, batch_switch=None, bucket_cap_mb=25,
+                         policy="accordion"):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
@@ -470,6 +471,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             complete, as in DDP. ``None``: one bucket, started when backward has produced every
             gradient. With ``none`` and ``fp16`` each gradient starts on its own, as in
             Horovod's optimizer, and Horovod's tensor fusion batches them.
+        policy: how each layer's level is chosen from the compression's ladder:
+            ``"accordion"`` (ℓ_low or ℓ_high), ``"error_budget"``, ``ErrorBudget(slack)`` or
+            ``PhaseSchedule(total_windows)``; see ``horovod_accordion.policies``.
     """
     check_optimizer_arguments({hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}.get(op, op),
                               gradient_predivide_factor, backward_passes_per_step)
@@ -485,7 +489,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     accordion_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                              lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
                              check_norm=check_norm, verify_levels=verify_levels, log_path=log_path,
-                             tensorboard_dir=tensorboard_dir)
+                             tensorboard_dir=tensorboard_dir, policy=policy)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, bucket_cap_mb,
                accordion_options)
