@@ -172,6 +172,8 @@ class Accordion:
         if not self.detector.end_window(norms):
             return False
         self._levels = self._decide(errors)
+        if errors:
+            log_extra["errors"] = {self.layer_names[k]: row for k, row in errors.items()}
         ratios = self.detector.last_ratios
         if not self.detector.per_layer:
             ratios = ratios * len(self.layer_names)

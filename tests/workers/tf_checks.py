@@ -16,6 +16,7 @@ from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
 from horovod_accordion.tensorflow.ops import TensorFlowOps
 from horovod_accordion.torch.ops import TorchOps
+from tests.workers.policy_reference import assert_policy_checks, reference_costs
 
 
 def setup():
@@ -111,6 +112,56 @@ def check_cross_framework_topk_equivalence():
     config = hvd.Compression.topk(0.7, 0.1)
     levels = [[0.7] * 4] * 2 + [[0.1] * 4] * 3 + [[0.7] * 4]
     run_both(lambda ops, shapes: TopKReducer(shapes, config, ops), levels)
+
+
+LADDERS = (hvd.Compression.powersgd(4, 1, ladder=(4, 2, 1), min_compression_rate=0),
+           hvd.Compression.topk(0.5, 0.05, ladder=(0.5, 0.2, 0.05)))
+
+
+def check_the_policies_error_tables_and_costs_agree_across_frameworks():
+    """The torch and the TF reducer measure the same errors on the same Δ, in fp64."""
+    for config, make in zip(LADDERS, (PowerSGDReducer, TopKReducer)):
+        torch_reducer, tf_reducer = make(TORCH_SHAPES, config, Float64TorchOps()), make(SHAPES, config,
+                                                                                          Float64TensorFlowOps())
+        deltas = [g.astype(np.float64) for g in rank_gradients(0)]
+        ours = torch_reducer.approximation_errors([torch.from_numpy(g.reshape(s)) for g, s in zip(deltas, TORCH_SHAPES)],
+                                                  config.levels).numpy()
+        theirs = tf_reducer.approximation_errors([tf.constant(g) for g in deltas], config.levels).numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=1e-9, err_msg=repr(config))
+        assert torch_reducer.level_costs(config.levels) == tf_reducer.level_costs(config.levels)
+
+
+class StepLevels(tf_keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.levels = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.levels.append(dict(self.model.optimizer.accordion_state.levels))
+
+
+def check_level_policies_in_keras_fit_decide_as_the_reference_on_every_rank():
+    """Issue 21 through tf_keras: the same decisions as the reference, on both ranks."""
+    middles = []
+    for policy, compression in zip((hvd.ErrorBudget(slack=2.0), hvd.PhaseSchedule(total_windows=5)), LADDERS):
+        model = make_keras_model()
+        optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05), compression=compression,
+                                                   window_steps=2, interval=1, lr_decay_factor=None, policy=policy)
+        model.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        recorder = StepLevels()
+        x, y = rank_dataset(320)
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0), hvd_keras.AccordionCallback(),
+                             recorder])
+        everyone = horovod_tf.allgather_object(recorder.levels)
+        assert everyone[0] == everyone[1], f"{policy!r}: the ranks' levels differ"
+        state = optimizer.accordion_state
+        names = state._schedule.layer_names
+        costs = reference_costs(zip(names, [v.shape for v in model.trainable_variables]), compression, hvd.size())
+        middles.append(assert_policy_checks(policy, state.stats()["checks"], compression.levels, costs,
+                                            recorder.levels[0]))
+    assert all(middles), f"checks that used a middle level, per run: {middles}"
+    return middles
 
 
 def make_keras_model():

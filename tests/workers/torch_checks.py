@@ -7,8 +7,9 @@ import torch
 import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
-from horovod_accordion.torch import BatchSwitch, Compression
+from horovod_accordion.torch import BatchSwitch, Compression, ErrorBudget, PhaseSchedule
 from tests.workers.models import batch_of_rank, make_model
+from tests.workers.policy_reference import assert_policy_checks, reference_costs
 
 
 def setup():
@@ -306,6 +307,45 @@ def check_jsonl_log_on_rank_zero_only():
     assert records[-1]["levels"] == {name: 0.5 for name, p in model.named_parameters() if p.dim() > 1}
     assert records[0]["bytes_sent"] == optimizer.accordion_stats()["bytes_per_step"][0]
     return records[-1]
+
+
+POLICY_RUNS = [(policy, compression) for policy in (ErrorBudget(slack=2.0), PhaseSchedule(total_windows=5))
+               for compression in (Compression.powersgd(4, 1, ladder=(4, 2, 1), min_compression_rate=0),
+                                   Compression.topk(0.5, 0.05, ladder=(0.5, 0.2, 0.05)))]
+
+
+def check_level_policies_decide_as_the_reference_on_every_rank():
+    """Issue 21: the error budget and the phase schedule choose from the ladder; every rank
+    takes the same levels at every step, and each check is the reference's decision, from
+    the error table it logged (averaged over ranks) and the layers' costs from their shapes."""
+    middles = []
+    for policy, compression in POLICY_RUNS:
+        model = make_model()
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+            compression=compression, window_steps=2, interval=1, lr_decay_factor=None, policy=policy)
+        history = [optimizer.accordion_stats()["levels"]]
+        for step in range(10):
+            train_step(model, optimizer, step, scale=10.0 if step >= 6 else 1.0)
+            history.append(optimizer.accordion_stats()["levels"])
+        everyone = horovod.allgather_object(history)
+        assert everyone[0] == everyone[1], f"{policy!r}, {compression!r}: the ranks' levels differ"
+        costs = reference_costs([(n, p.shape) for n, p in model.named_parameters()], compression, hvd.size())
+        middles.append(assert_policy_checks(policy, optimizer.accordion_stats()["checks"], compression.levels,
+                                            costs, history[0]))
+        reducer_levels = optimizer._reducer.ranks if hasattr(compression, "low_rank") else optimizer._reducer.fractions
+        assert [reducer_levels[k].value for k in sorted(reducer_levels)] == list(history[-1].values())
+    # Each PowerSGD run and the phase schedule use the middle rank at some check (TopK's error
+    # budget may not: on 2 ranks 20 % of these small layers costs about what 50 % does).
+    assert middles[0] and middles[2] and middles[3], f"checks that used a middle level, per run: {middles}"
+    return middles
+
+
+def train_step(model, optimizer, step, scale=1.0):
+    x, y = rank_batch(step, scale=scale)
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
 
 
 def batch_switch_optimizer(model, lr, switch, **kwargs):

@@ -1,0 +1,196 @@
+"""The level policies and the ladders, without a collective: their decisions against an
+exhaustive search, their error tables against numpy in fp64, and their schedule's bookkeeping.
+The decisions on real ranks are in the workers' checks (torch, DDP, TF)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from horovod_accordion.accordion import Accordion
+from horovod_accordion.compression import PowerSGD, TopK, kept_count
+from horovod_accordion.policies import (AccordionPolicy, ErrorBudget, PhaseSchedule, cheapest_levels,
+                                        make_policy)
+from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
+from horovod_accordion.torch_tensors import TorchTensorOps
+from tests.workers.policy_reference import assert_cheapest, exhaustive_costs
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_dynamic_program_is_feasible_and_within_its_stated_gap_of_the_exhaustive_optimum(seed):
+    rng = np.random.RandomState(seed)
+    layers, rungs = rng.randint(1, 6), rng.randint(2, 5)
+    # Errors rise and costs fall along the ladder, as they do for real compressors.
+    errors = np.cumsum(rng.exponential(1.0, (layers, rungs)), axis=1).tolist()
+    costs = np.cumsum(rng.exponential(1.0, (layers, rungs))[:, ::-1], axis=1)[:, ::-1].tolist()
+    budget = rng.uniform(1.0, 3.0) * sum(row[0] for row in errors)
+    assert_cheapest(cheapest_levels(errors, costs, budget), errors, costs, budget)
+
+
+def test_exact_ties_and_degenerate_budgets():
+    # Two choices of equal cost: the one with less error wins.
+    assert cheapest_levels([[1.0, 2.0]], [[5.0, 5.0]], 10.0) == [0]
+    assert cheapest_levels([[1.0, 2.0]], [[5.0, 1.0]], 10.0) == [1]
+    # Nothing but ℓ_low fits, or no budget at all: ℓ_low.
+    assert cheapest_levels([[1.0, 9.0], [1.0, 9.0]], [[2.0, 1.0]] * 2, 2.0) == [0, 0]
+    assert cheapest_levels([[0.0, 1.0]], [[2.0, 1.0]], 0.0) == [0]
+    assert cheapest_levels([], [], 1.0) == []
+
+
+def test_error_budget_keeps_critical_layers_at_low_and_weighs_the_others():
+    ladder = (4, 2, 1)
+    errors = {0: [1.0, 2.0, 5.0], 2: [1.0, 3.0, 9.0], 3: [4.0, 4.5, 5.0]}
+    costs = {0: [12.0, 6.0, 3.0], 2: [12.0, 6.0, 3.0], 3: [40.0, 20.0, 10.0]}
+    critical = [False, False, True, False]
+    levels = ErrorBudget(slack=2.0).decide(ladder, critical, errors=errors, costs=costs)
+    assert levels[2] == 4  # critical
+    assert levels[1] == 1  # compresses nothing: Accordion's rule, never used
+    free = [0, 3]
+    budget = 2.0 * (1.0 + 4.0)
+    assert exhaustive_costs([errors[k] for k in free], [costs[k] for k in free], budget)[0] == \
+        sum(costs[k][ladder.index(levels[k])] for k in free)
+    # Slack 1 allows no more error than ℓ_low's; a huge slack takes ℓ_high everywhere.
+    assert ErrorBudget(1.0).decide(ladder, critical, errors=errors, costs=costs) == [4, 1, 4, 4]
+    assert ErrorBudget(1e9).decide(ladder, critical, errors=errors, costs=costs) == [1, 1, 4, 1]
+
+
+def test_a_non_finite_error_keeps_the_current_levels():
+    errors = {0: [1.0, float("nan")], 1: [1.0, 2.0]}
+    with pytest.warns(RuntimeWarning, match="non-finite compression error"):
+        levels = ErrorBudget().decide((2, 1), [False, False], current=[2, 2], errors=errors,
+                                      costs={0: [2, 1], 1: [2, 1]})
+    assert levels == [2, 2]
+
+
+def test_the_phase_schedule_walks_the_ladder_harder_on_large_layers():
+    policy = PhaseSchedule(total_windows=6)
+    costs = {0: [400, 200, 100], 1: [40, 20, 10], 2: [4000, 2000, 1000]}  # median 400: layer 2 is large
+    table = [policy.decide((4, 2, 1), [True] * 4, window, costs=costs) for window in range(8)]
+    assert table == [[4, 4, 2, 4]] * 2 + [[2, 2, 1, 2]] * 2 + [[1, 1, 1, 1]] * 4
+
+
+def test_policies_by_name_and_their_errors():
+    assert isinstance(make_policy(None), AccordionPolicy) and isinstance(make_policy("accordion"), AccordionPolicy)
+    assert make_policy("error_budget").slack == 2.0
+    with pytest.raises(ValueError, match="total_windows"):
+        make_policy("phase")
+    with pytest.raises(ValueError, match="policy must be"):
+        make_policy("l-greco")
+    for bad in (0.5, float("inf"), True):
+        with pytest.raises(ValueError, match="slack"):
+            ErrorBudget(bad)
+    with pytest.raises(ValueError, match="total_windows"):
+        PhaseSchedule(0)
+    with pytest.raises(ValueError, match="batch_switch"):
+        Accordion(["a"], (1, 4), policy="error_budget")  # compressed_layers=None: a batch switch
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: PowerSGD(4, 1, ladder=(4, 3, 3, 1)), "ladder"),
+    (lambda: PowerSGD(4, 1, ladder=(2, 1)), "ladder"),
+    (lambda: PowerSGD(4, 1, ladder=(4, 2.5, 1)), "ladder"),
+    (lambda: PowerSGD(4, 1, ladder=(4,)), "ladder"),
+    (lambda: TopK(0.5, 0.1, ladder=(0.5, 0.6, 0.1)), "ladder"),
+])
+def test_bad_ladders_raise(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_ladders_default_to_the_two_levels():
+    assert PowerSGD(4, 1).levels == (4, 1) and PowerSGD(2).levels == (2, 2)
+    assert PowerSGD(4, 1, ladder=[4, 2, 1]).levels == (4, 2, 1)
+    assert TopK(0.5, 0.1, ladder=(0.5, 0.25, 0.1)).levels == (0.5, 0.25, 0.1)
+    assert PowerSGD(2, 2, ladder=(2, 2)).levels == (2, 2)  # a static run states its one level
+
+
+class Float64Ops(TorchTensorOps):
+    def state(self, array, name):
+        return torch.from_numpy(array).to(torch.float64)
+
+    def as_matrix(self, grad, shape):
+        return grad.reshape(shape).to(torch.float64)
+
+    def size(self):
+        return 8
+
+
+SHAPES = [(6, 5), (5,), (12, 3, 2, 2), (40, 30)]
+
+
+def random_deltas(seed=0):
+    rng = np.random.RandomState(seed)
+    return [torch.from_numpy(rng.standard_normal(shape)) for shape in SHAPES]
+
+
+def test_powersgd_errors_are_one_power_iteration_from_q_as_numpy_computes_it():
+    config = PowerSGD(4, 1, ladder=(4, 2, 1), min_compression_rate=0)
+    reducer = PowerSGDReducer(SHAPES, config, Float64Ops())
+    deltas = random_deltas()
+    errors = reducer.approximation_errors(deltas, config.levels).numpy().reshape(len(reducer.compressed), 3)
+    for row, layer in zip(errors, reducer.compressed):
+        m = deltas[layer].numpy().reshape(SHAPES[layer][0], -1)
+        q = reducer.q[layer].numpy()
+        for error, rank in zip(row, config.levels):
+            p = np.linalg.qr(m @ q[:, :rank])[0]
+            expected = np.sum((m - p @ (p.T @ m)) ** 2)
+            assert math.isclose(error, expected, rel_tol=1e-9), (layer, rank, error, expected)
+        assert row[0] <= row[1] <= row[2]
+    n_m = {layer: sum(reducer.matrices[layer]) for layer in reducer.compressed}
+    assert reducer.level_costs(config.levels) == {
+        layer: [4 * n_m[layer] * min(rank, *reducer.matrices[layer]) for rank in config.levels]
+        for layer in reducer.compressed}
+
+
+def test_topk_errors_are_what_the_kept_entries_leave_out_and_costs_follow_the_wire():
+    config = TopK(0.5, 0.05, ladder=(0.5, 0.2, 0.05))
+    reducer = TopKReducer(SHAPES, config, Float64Ops())
+    deltas = random_deltas(1)
+    errors = reducer.approximation_errors(deltas, config.levels).numpy().reshape(len(reducer.compressed), 3)
+    for row, layer in zip(errors, reducer.compressed):
+        squares = np.sort(deltas[layer].numpy().reshape(-1) ** 2)[::-1]
+        for error, fraction in zip(row, config.levels):
+            expected = squares[kept_count(fraction, squares.size):].sum()
+            assert math.isclose(error, expected, rel_tol=1e-9), (layer, fraction, error, expected)
+    # On 8 ranks, 1,200 entries go sparse below 8·4·1200 / (8·(4 + 2)) = 200 kept: 50 % and 20 %
+    # travel dense (1,200 fp32), 5 % as 60 values and 60 int16 indices packed in 30 words.
+    costs = reducer.level_costs(config.levels)
+    assert costs[3] == [4 * 1200, 4 * 1200, 4 * (60 + 30)], costs[3]
+
+
+def accordion_with(policy, **options):
+    schedule = Accordion(["w", "b", "v"], (4, 2, 1), compressed_layers=[0, 2], policy=policy, **options)
+    reducer = PowerSGDReducer([(20, 20), (20,), (60, 40)], PowerSGD(4, 1, ladder=(4, 2, 1), min_compression_rate=0),
+                              Float64Ops())
+    schedule.attach(reducer)
+    return schedule, reducer
+
+
+def test_the_phase_schedule_reads_no_norms_and_ignores_decays():
+    schedule, reducer = accordion_with(PhaseSchedule(total_windows=3))
+    assert not schedule.window_accumulates and not schedule.window_is_check
+    assert schedule.levels == [4, 4, 2] and [reducer.ranks[i].value for i in (0, 2)] == [4, 2]
+    assert not schedule.observe_lr(1.0) and not schedule.observe_lr(0.01)
+    assert schedule.levels == [4, 4, 2]
+    schedule.close_window(reducer, None, [])
+    assert schedule.levels == [2, 2, 1] and [reducer.ranks[i].value for i in (0, 2)] == [2, 1]
+    assert schedule.log.checks[-1]["levels"] == {"w": 2, "v": 1}
+
+
+def test_the_policy_and_its_levels_are_checkpointed():
+    schedule, _ = accordion_with(PhaseSchedule(total_windows=3))
+    schedule.end_window()
+    state = schedule.state_dict()
+    resumed, _ = accordion_with(PhaseSchedule(total_windows=3))
+    resumed.load_state_dict(state)
+    assert resumed.levels == schedule.levels == [2, 2, 1]
+    for other in (PhaseSchedule(total_windows=4), "error_budget", None):
+        with pytest.raises(ValueError, match="policy"):
+            accordion_with(other)[0].load_state_dict(state)
+    # A checkpoint from before policies existed is Accordion's, its levels from its flags.
+    old = dict(accordion_with(None)[0].state_dict())
+    del old["policy"], old["current_levels"]
+    plain, _ = accordion_with(None)
+    plain.load_state_dict(old)
+    assert plain.levels == [4, 4, 4]
+
