@@ -56,28 +56,33 @@ def test_study_smoke_summarizes_and_resumes(tmp_path):
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         return result.stdout
 
-    assert "runs to do: 4" in study()
+    assert "runs to do: 7" in study()
     folder = tmp_path / "mnist1d-cnn1d"
     summary = json.loads((folder / "summary.json").read_text())
     assert set(summary) == {"command", "dataset", "model", "workers", "epochs", "rows"}
     assert (summary["dataset"], summary["model"], summary["workers"], summary["epochs"]) == ("mnist1d", "cnn1d", 2, 1)
     rows = {row["setting"]: row for row in summary["rows"] if row["family"] == "powersgd"}
-    assert sorted(rows) == ["accordion", "high", "low", "uncompressed"]
-    # the uncompressed run is every family's reference: the other families list it too
+    assert sorted(rows) == ["accordion", "error_budget", "fp16", "high", "low", "phase", "uncompressed"]
+    # the uncompressed and fp16 runs are every family's references: the other families list them too
     shared = [(r["family"], r["setting"]) for r in summary["rows"] if r["family"] != "powersgd"]
-    assert shared == [("topk", "uncompressed"), ("batch", "small")], shared
+    assert shared == [("topk", "uncompressed"), ("topk", "fp16"), ("batch", "small")], shared
     for row in rows.values():
         assert row["family"] == "powersgd" and row["variant"] == "default" and row["seeds"] == [0]
         assert 0 < row["test_accuracy_mean"] <= 100 and row["test_accuracy_std"] == 0
     assert rows["low"]["levels"] == [4, 4] and rows["accordion"]["levels"] == [4, 1]
-    assert rows["uncompressed"]["bytes_per_rank_mean"] > rows["low"]["bytes_per_rank_mean"] \
-        > rows["high"]["bytes_per_rank_mean"]
+    assert rows["error_budget"]["levels"] == rows["phase"]["levels"] == [4, 2, 1]
+    assert rows["uncompressed"]["bytes_per_rank_mean"] > rows["fp16"]["bytes_per_rank_mean"] \
+        > rows["low"]["bytes_per_rank_mean"] > rows["high"]["bytes_per_rank_mean"]
+    for policy in ("error_budget", "phase"):  # a ladder's levels lie between ℓ_low's bytes and ℓ_high's
+        assert rows["low"]["bytes_per_rank_mean"] >= rows[policy]["bytes_per_rank_mean"] \
+            >= rows["high"]["bytes_per_rank_mean"], policy
     assert rows["low"]["bytes_vs_low"] == 1.0
     record = [json.loads(line) for line in (folder / "runs" / "powersgd-accordion" / "seed0.jsonl").open()]
     epoch = next(r for r in record if r["event"] == "epoch")
     assert {"test_accuracy", "loss", "bytes_sent_per_rank", "wall_time_s", "lr", "levels"} <= set(epoch)
     markdown = (folder / "summary.md").read_text()
     assert "| powersgd | accordion | default | 4/1 | 1 |" in markdown
+    assert "| powersgd | error_budget | default | 4/2/1 | 1 |" in markdown
     for png in ("accuracy_powersgd.png", "accuracy_vs_bytes.png", "powersgd-accordion-norm.png"):
         png_size(folder / png)
         assert f"]({png})" in markdown

@@ -10,9 +10,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from horovod_accordion.ddp import AccordionState, Compression, PowerSGD, TopK, accordion_hook
+from horovod_accordion.ddp import AccordionState, Compression, ErrorBudget, PhaseSchedule, PowerSGD, TopK, accordion_hook
 from horovod_accordion.ddp.trainers import attach
 from tests.workers.models import batch_of_rank, make_model
+from tests.workers.policy_reference import assert_policy_checks, reference_costs
 
 COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
 
@@ -105,6 +106,29 @@ def check_levels_agree_on_every_rank_with_rank_skewed_data():
         assert_same_parameters_on_all_ranks(model)
         report[name] = history
     return report
+
+
+def check_level_policies_decide_as_the_reference_on_every_rank():
+    """Issue 21 on the DDP hook: the error budget and the phase schedule decide each check as
+    the reference does, from the logged error table and the layers' costs, on every rank."""
+    middles = []
+    for policy in (ErrorBudget(slack=2.0), PhaseSchedule(total_windows=5)):
+        compression = PowerSGD(4, 1, ladder=(4, 2, 1), min_compression_rate=0)
+        model, optimizer, state = hooked(compression, lr_decay_factor=None, policy=policy)
+        history = []
+        for step in range(10):
+            train(model, optimizer, 1, first=step)
+            history.append(state.levels)
+        assert every_rank(history)[1] == history, f"{policy!r}: the ranks' levels differ"
+        costs = reference_costs([(n, p.shape) for n, p in model.module.named_parameters()], compression,
+                                dist.get_world_size())
+        # the state binds at the first backward; the first check closes the window after step 1
+        middles.append(assert_policy_checks(policy, state.accordion_stats()["checks"], compression.levels, costs,
+                                            history[0]))
+        ranks = state._exchange.reducer.ranks
+        assert {state._exchange.accordion.layer_names[k]: ranks[k].value for k in ranks} == history[-1]
+    assert all(middles), f"checks that used a middle level, per policy: {middles}"
+    return middles
 
 
 def check_a_bucket_is_on_the_wire_before_backward_reaches_the_first_layer():

@@ -102,3 +102,10 @@ def assert_policy_checks(policy, checks, ladder, costs, first_levels, eta=0.5):
         return sum(any(v not in (ladder[0], ladder[-1]) for v in r["levels"].values()) for r in checks)
     assert first_levels == {name: ladder[0] for name in costs}, first_levels
     return assert_checks_decided_by_error_budget(checks, ladder, costs, policy.slack, eta)
+
+
+def set_regime(schedule, critical):
+    """Put ``schedule``'s layers in the regimes ``critical``, as a check that found them would:
+    its policy decides the levels from them (the detector's flags alone change no level)."""
+    schedule.detector.critical = list(critical)
+    schedule._levels = schedule._decide()

@@ -16,7 +16,7 @@ from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
 from horovod_accordion.tensorflow.ops import TensorFlowOps
 from horovod_accordion.torch.ops import TorchOps
-from tests.workers.policy_reference import assert_policy_checks, reference_costs
+from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
 
 
 def setup():
@@ -348,7 +348,7 @@ def check_keras_batch_switch_accumulated_micro_batches_equal_one_large_step():
     optimizer = keras_batch_switch_optimizer(0.1, BatchSwitch(small_batch=8, multiplier=4, warmup_steps=0))
     state = optimizer.accordion_state_for(accumulated.trainable_variables)
     with state._python_state():
-        state._schedule.detector.critical = [False] * len(accumulated.trainable_variables)  # large batch
+        set_regime(state._schedule, [False] * len(accumulated.trainable_variables))  # large batch
     x, y = rank_dataset(32)
 
     @tf.function

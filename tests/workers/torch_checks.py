@@ -9,7 +9,7 @@ import horovod.torch as horovod
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import BatchSwitch, Compression, ErrorBudget, PhaseSchedule
 from tests.workers.models import batch_of_rank, make_model
-from tests.workers.policy_reference import assert_policy_checks, reference_costs
+from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
 
 
 def setup():
@@ -357,7 +357,7 @@ def check_batch_switch_accumulated_micro_batches_equal_one_large_step():
     switch = BatchSwitch(small_batch=8, multiplier=4, warmup_steps=0)
     accumulated, large = make_model(), make_model()
     optimizer = batch_switch_optimizer(accumulated, 0.1, switch)
-    optimizer._accordion.detector.critical = [False] * len(optimizer._params)  # the large-batch regime
+    set_regime(optimizer._accordion, [False] * len(optimizer._params))  # the large-batch regime
     reference = hvd.DistributedOptimizer(torch.optim.SGD(large.parameters(), lr=0.1 * 4),  # linear scaling
                                          named_parameters=large.named_parameters())
     x, y = rank_batch(0, scale=1.0)

@@ -14,6 +14,7 @@ import horovod.torch as horovod
 import horovod_accordion.torch as hvd
 from horovod_accordion.reducers import initial_query
 from horovod_accordion.torch import BatchSwitch, Compression
+from tests.workers.policy_reference import set_regime
 from tests.workers.torch_checks import gathered, make_model, rank_batch, set_rank_gradients, train
 
 SINGLE_RANK_SETS = []
@@ -162,7 +163,7 @@ def check_verify_levels_passes_with_rank_skewed_data_and_catches_a_divergence():
     checks = optimizer.accordion_stats()["checks"]
     assert len(checks) >= 6, checks
     if hvd.rank() == 1:  # a rank that decided otherwise, as a per-rank LR schedule would make it
-        optimizer._accordion.detector.critical = [not c for c in optimizer._accordion.detector.critical]
+        set_regime(optimizer._accordion, [not c for c in optimizer._accordion.detector.critical])
     try:
         optimizer._accordion._verify_same_levels(optimizer._ops)
     except RuntimeError as error:
