@@ -73,9 +73,11 @@ def test_study_smoke_summarizes_and_resumes(tmp_path):
     assert rows["error_budget"]["levels"] == rows["phase"]["levels"] == [4, 2, 1]
     assert rows["uncompressed"]["bytes_per_rank_mean"] > rows["fp16"]["bytes_per_rank_mean"] \
         > rows["low"]["bytes_per_rank_mean"] > rows["high"]["bytes_per_rank_mean"]
-    for policy in ("error_budget", "phase"):  # a ladder's levels lie between ℓ_low's bytes and ℓ_high's
-        assert rows["low"]["bytes_per_rank_mean"] >= rows[policy]["bytes_per_rank_mean"] \
-            >= rows["high"]["bytes_per_rank_mean"], policy
+    # a ladder's levels lie between ℓ_low's bytes and ℓ_high's; the error budget's checks also
+    # send its error table, so only the phase schedule, which sends nothing more, stays within ℓ_low's
+    assert rows["low"]["bytes_per_rank_mean"] >= rows["phase"]["bytes_per_rank_mean"] \
+        >= rows["high"]["bytes_per_rank_mean"]
+    assert rows["error_budget"]["bytes_per_rank_mean"] >= rows["high"]["bytes_per_rank_mean"]
     assert rows["low"]["bytes_vs_low"] == 1.0
     record = [json.loads(line) for line in (folder / "runs" / "powersgd-accordion" / "seed0.jsonl").open()]
     epoch = next(r for r in record if r["event"] == "epoch")
