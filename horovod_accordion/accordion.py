@@ -71,7 +71,7 @@ class Accordion:
         if compressed_layers is None and type(self.policy) is not AccordionPolicy:
             raise ValueError(f"policy {self.policy!r} chooses compression levels: with batch_switch, keep the "
                              f"default policy='accordion'")
-        self.level_costs = {}  # the compressed layers' bytes per ladder level, from ``attach``
+        self._reducer = None  # for the level costs, once ``attach`` gives it
         self.window_steps = window_steps
         self.delta_windows = delta_windows
         self.check_norm = check_norm
@@ -89,9 +89,15 @@ class Accordion:
         """Start ``reducer`` at this schedule's levels. A policy other than Accordion's weighs
         the bytes of each compressed layer at each ladder level, which the reducer knows."""
         if type(self.policy) is not AccordionPolicy:
-            self.level_costs = reducer.level_costs(self.ladder)
+            self._reducer = reducer
             self._levels = self._decide()
         reducer.set_levels(self.levels)
+
+    @property
+    def level_costs(self):
+        """The compressed layers' bytes per ladder level, at today's world size: TopK's sparse
+        or dense wire depends on it, and an elastic reset changes it between checks."""
+        return self._reducer.level_costs(self.ladder) if self._reducer is not None else {}
 
     def _decide(self, errors=None):
         return self.policy.decide(self.ladder, self.detector.critical, self.detector.windows_seen,
@@ -130,14 +136,20 @@ class Accordion:
         return self.window_steps is not None and self.step % self.window_steps == 0
 
     @property
+    def keeps_delta(self):
+        """Whether the adapters need a Δ per layer at all: not for a fixed level, nor for a
+        policy that reads no norms."""
+        return self.adaptive and self.policy.reads_norms
+
+    @property
     def window_is_check(self):
         """Whether the window now running ends in a check, where Δ is reduced and decided on."""
-        return self.adaptive and self.policy.reads_norms and self.detector.next_window_is_check
+        return self.keeps_delta and self.detector.next_window_is_check
 
     @property
     def window_accumulates(self):
         """Only the last ``delta_windows`` windows before a check need their gradients in Δ."""
-        return self.adaptive and self.policy.reads_norms and \
+        return self.keeps_delta and \
             -self.detector.windows_seen % self.detector.interval < self.delta_windows
 
     @property

@@ -112,10 +112,11 @@ def _check_ladder(config, level, low, high):
         return
     ladder = tuple(config.ladder)
     object.__setattr__(config, "ladder", ladder)
-    if ladder == (low, high):
+    # Checked even when it repeats (low, high): a rank of 4.0 equals 4 yet cannot slice a matrix.
+    whole = level != "rank" or all(isinstance(r, int) and not isinstance(r, bool) for r in ladder)
+    if ladder == (low, high) and whole:
         return
     decreasing = all(a > b for a, b in zip(ladder, ladder[1:]))
-    whole = level != "rank" or all(isinstance(r, int) and not isinstance(r, bool) for r in ladder)
     if not whole or len(ladder) < 2 or ladder[0] != low or ladder[-1] != high or not decreasing:
         raise ValueError(f"{type(config).__name__} ladder {ladder!r} must run from ℓ_low ({low}) down to ℓ_high "
                          f"({high}), each {level} below the one before")

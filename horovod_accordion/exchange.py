@@ -27,8 +27,8 @@ class BucketedExchange:
     def __init__(self, accordion, reducer, ops, params):
         self.accordion, self.reducer, self.ops = accordion, reducer, ops
         accordion.attach(reducer)
-        # The window's Δ and its non-finite counts; nothing when the level is fixed.
-        self.accumulated = [ops.delta_like(p) for p in params] if accordion.adaptive else []
+        # The window's Δ and its non-finite counts; no Δ when nothing reads it.
+        self.accumulated = [ops.delta_like(p) for p in params] if accordion.keeps_delta else []
         self.non_finite_counts = ops.counters(len(params)) if accordion.adaptive else None
         self.started = {}  # bucket -> its BucketReduction, for the step in progress
 

@@ -69,7 +69,9 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
     checks = [r for r in records if r["event"] == "check"]
     epochs = [r for r in records if r["event"] == "epoch"]
     written = []
-    if checks:
+    if checks and not checks[0]["norms"] and layer is not None:
+        raise ValueError(f"{log_path} logs no norms (its policy reads none): --layer has nothing to draw")
+    if checks and checks[0]["norms"]:
         layer = layer or _varying_layer(checks)
         if layer not in checks[0]["norms"]:
             raise ValueError(f"no layer {layer!r} in {log_path}; layers: {sorted(checks[0]['norms'])}")

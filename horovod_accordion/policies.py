@@ -11,11 +11,12 @@ adapters measure, the schedule (``horovod_accordion.accordion``) asks the policy
   critical layers at ℓ_low; every other compressed layer at the cheapest ladder level such
   that their summed compression error stays within ``slack`` times what ℓ_low would give
   them. At each check it measures ‖Δ − C_level(Δ)‖² per layer and level on each rank's own
-  window gradient Δ, averages that table over ranks in the check's one allreduce, so every
+  window gradient Δ, averages that table over ranks in the check's allreduce, so every
   rank decides alike, and solves the knapsack by dynamic programming (:func:`cheapest_levels`).
 * :class:`PhaseSchedule` (``"phase"``, after LEGACY, ICLR 2026): no statistics at all. The
   level follows the training phase (the ladder in equal thirds, halves, ... of
-  ``total_windows``) and the layer's size (layers above the median size one step harder).
+  ``total_windows``) and the layer's size on the wire (layers whose ℓ_low bytes are above the
+  median one step harder).
   It is the cheap baseline that says whether measuring earns its cost.
 """
 
@@ -31,10 +32,8 @@ BUDGET_UNITS = 1000
 class AccordionPolicy:
     """Two levels: ℓ_low while a layer is critical, ℓ_high otherwise."""
 
-    name = "accordion"
     reads_norms = True  # the detector's window norms decide
     measures_errors = False
-    decides_every_window = False
 
     def decide(self, ladder, critical, window=0, current=None, errors=None, costs=None):
         return [ladder[0] if c else ladder[-1] for c in critical]
@@ -49,7 +48,7 @@ class ErrorBudget(AccordionPolicy):
 
     Args:
         slack: how much more compression error than uniform ℓ_low the non-critical layers
-            may have together (> 1; at 1 only uniform ℓ_low fits). Error feedback sends what
+            may have together (≥ 1; at 1 only uniform ℓ_low fits). Error feedback sends what
             a step leaves out in later steps, which is why some slack costs little accuracy.
 
     Cost per check: per compressed layer and ladder level, one power iteration (PowerSGD:
@@ -57,7 +56,6 @@ class ErrorBudget(AccordionPolicy):
     and len(layers) × len(ladder) more fp64 values in the check's allreduce.
     """
 
-    name = "error_budget"
     measures_errors = True
 
     def __init__(self, slack=2.0):
@@ -90,17 +88,15 @@ class PhaseSchedule(AccordionPolicy):
     """The ladder walked down over training, harder on large layers; no statistics.
 
     Window w of ``total_windows`` is in phase ⌊len(ladder)·w / total_windows⌋; a layer runs
-    at that phase's ladder level, one level further for layers above the median size of the
-    compressed layers (capped at ℓ_high). Decided at every window; decay events and norms
+    at that phase's ladder level, one level further for layers whose ℓ_low bytes are above
+    the median of the compressed layers (capped at ℓ_high). Decided at every window; decay events and norms
     are ignored, so no Δ is kept and no norm is reduced.
 
     Args:
         total_windows: the windows of the whole training (its epochs, or steps / window_steps).
     """
 
-    name = "phase"
     reads_norms = False
-    decides_every_window = True
 
     def __init__(self, total_windows):
         if isinstance(total_windows, bool) or not isinstance(total_windows, int) or total_windows < 1:

@@ -1,7 +1,9 @@
 """The level policies and the ladders, without a collective: their decisions against an
 exhaustive search, their error tables against numpy in fp64, and their schedule's bookkeeping.
 The decisions on real ranks are in the workers' checks (torch, DDP, TF)."""
+import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -90,6 +92,7 @@ def test_policies_by_name_and_their_errors():
     (lambda: PowerSGD(4, 1, ladder=(2, 1)), "ladder"),
     (lambda: PowerSGD(4, 1, ladder=(4, 2.5, 1)), "ladder"),
     (lambda: PowerSGD(4, 1, ladder=(4,)), "ladder"),
+    (lambda: PowerSGD(4, 1, ladder=(4.0, 1.0)), "ladder"),  # equal to (low, high), yet no rank
     (lambda: TopK(0.5, 0.1, ladder=(0.5, 0.6, 0.1)), "ladder"),
 ])
 def test_bad_ladders_raise(make, message):
@@ -194,3 +197,46 @@ def test_the_policy_and_its_levels_are_checkpointed():
     plain.load_state_dict(old)
     assert plain.levels == [4, 4, 4]
 
+
+
+class ResizableOps(Float64Ops):
+    """A world whose size an elastic reset changes."""
+    world_size = 8
+
+    def size(self):
+        return self.world_size
+
+
+def test_level_costs_follow_the_world_size_of_each_decision():
+    """TopK's sparse-or-dense wire depends on the world size: after an elastic reset every rank,
+    survivor or newcomer, must weigh the same costs, those of the new size."""
+    ops = ResizableOps()
+    config = TopK(0.5, 0.05, ladder=(0.5, 0.2, 0.05))
+    schedule = Accordion(["a", "b", "c", "d"], config.levels, compressed_layers=[0, 2, 3],
+                         policy=PhaseSchedule(total_windows=3))
+    reducer = TopKReducer(SHAPES, config, ops)
+    schedule.attach(reducer)
+    assert schedule.level_costs[3][0] == 4 * 1200  # 50 % of 1,200 entries travels dense on 8 ranks
+    ops.world_size = 2
+    assert schedule.level_costs == reducer.level_costs(config.levels) and schedule.level_costs[3][0] < 4 * 1200
+
+
+def test_a_policy_that_reads_no_norms_keeps_no_delta():
+    from horovod_accordion.exchange import BucketedExchange
+    params = [torch.zeros(shape, dtype=torch.float64) for shape in [(20, 20), (20,), (60, 40)]]
+    for policy, kept in ((PhaseSchedule(total_windows=3), 0), (None, 3), ("error_budget", 3)):
+        schedule, reducer = accordion_with(policy)
+        assert len(BucketedExchange(schedule, reducer, Float64Ops(), params).accumulated) == kept, policy
+
+
+def test_the_plot_draws_the_levels_of_a_log_without_norms(tmp_path):
+    """A phase schedule's checks log levels and no norms: no norm figure, and --layer says why."""
+    from horovod_accordion.plot import run_figures
+    schedule, reducer = accordion_with(PhaseSchedule(total_windows=3))
+    for _ in range(3):
+        schedule.close_window(reducer, None, [])
+    log = tmp_path / "phase.jsonl"
+    log.write_text("".join(json.dumps(record) + "\n" for record in schedule.log.checks))
+    assert [pathlib.Path(p).name for p in run_figures(log, tmp_path / "out")] == ["levels.png"]
+    with pytest.raises(ValueError, match="no norms"):
+        run_figures(log, tmp_path / "out", layer="w")

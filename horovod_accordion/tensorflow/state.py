@@ -96,7 +96,7 @@ class AccordionState(tf.Module):
         self.reducer_variables = {f"{group}_{i}": holder for group, entries in self._reducer.state().items()
                                   for i, holder in entries.items()}
         self.accumulated = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"accumulated_{k}")
-                            for k, shape in enumerate(shapes)] if self._schedule.adaptive else []
+                            for k, shape in enumerate(shapes)] if self._schedule.keeps_delta else []
         self.non_finite_counts = tf.Variable(tf.zeros(len(shapes)), trainable=False, name="non_finite_counts") \
             if self._schedule.adaptive else None
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
