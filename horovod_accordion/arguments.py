@@ -71,20 +71,21 @@ def check_on_one_device(names, devices, levels):
                          f"Compression.fp16, which keep no state")
 
 
-def exchange_signature(names, shapes, dtypes, compression):
-    """What every rank must agree on: the fused buffers are laid out in this order."""
+def exchange_signature(names, shapes, dtypes, compression, policy):
+    """What every rank must agree on: the fused buffers are laid out in this order, and the
+    policy decides which collectives a check runs (an error table or none) and at which levels."""
     return {"parameters": [(name, tuple(int(d) for d in shape), str(dtype))
                            for name, shape, dtype in zip(names, shapes, dtypes)],
-            "compression": repr(compression)}
+            "compression": repr(compression), "policy": repr(policy)}
 
 
-def check_same_exchange_on_all_ranks(ops, names, shapes, dtypes, compression):
+def check_same_exchange_on_all_ranks(ops, names, shapes, dtypes, compression, policy):
     """A collective, through ``ops``' ``broadcast_object`` and ``sum_over_ranks``: every rank
-    must exchange the same tensors, in the same order, with the same compression. Then every
-    rank takes the first rank's collective names (``ops.name_prefix``), whatever other
-    exchanges each process has built before."""
-    check_same_on_all_ranks(exchange_signature(names, shapes, [str(d) for d in dtypes], compression), ops.rank(),
-                            ops.broadcast_object, ops.sum_over_ranks)
+    must exchange the same tensors, in the same order, with the same compression and level
+    policy. Then every rank takes the first rank's collective names (``ops.name_prefix``),
+    whatever other exchanges each process has built before."""
+    check_same_on_all_ranks(exchange_signature(names, shapes, [str(d) for d in dtypes], compression, policy),
+                            ops.rank(), ops.broadcast_object, ops.sum_over_ranks)
     ops.name_prefix = ops.broadcast_object(ops.name_prefix)
 
 
@@ -98,14 +99,15 @@ def check_same_on_all_ranks(local, rank, broadcast_from_root, sum_over_ranks):
         raise ValueError(problem)
     if mismatched:
         raise ValueError(f"{mismatched} other rank(s) registers its parameters differently from rank 0 or uses "
-                         f"another compression; their error says where")
+                         f"another compression or policy; their error says where")
 
 
 def first_difference(reference, local, rank):
     """``None`` if ``local`` matches rank 0's ``reference``, else a message saying where it differs."""
-    if local["compression"] != reference["compression"]:
-        return (f"rank {rank} uses compression {local['compression']}, rank 0 uses "
-                f"{reference['compression']}; all ranks must use the same")
+    for part in ("compression", "policy"):
+        if local.get(part) != reference.get(part):
+            return (f"rank {rank} uses {part} {local.get(part)}, rank 0 uses {reference.get(part)}; all ranks "
+                    f"must use the same")
     ours, theirs = local["parameters"], reference["parameters"]
     if ours == theirs:
         return None

@@ -153,7 +153,7 @@ class AccordionState:
         self._names = names
         self._ops = DistributedOps(self.process_group, params[0].device if params else "cpu")
         check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
-                                         self.compression)
+                                         self.compression, self._schedule_options["policy"])
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, PlainCompressor)
         self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
         log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)

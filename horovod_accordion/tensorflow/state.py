@@ -139,7 +139,8 @@ class AccordionState(tf.Module):
     def check_same_variables_on_all_ranks(self):
         """A collective: at construction, or under ``hvd.elastic`` at every state sync."""
         check_same_exchange_on_all_ranks(self._ops, self._schedule.layer_names, self._shapes,
-                                         [tf.as_dtype(v.dtype).name for v in self._variables], self._compression)
+                                         [tf.as_dtype(v.dtype).name for v in self._variables], self._compression,
+                                         self._schedule.policy)
 
     def snapshot(self):
         """Every variable's value, for an in-memory commit (``hvd.elastic``)."""

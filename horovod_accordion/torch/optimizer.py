@@ -105,7 +105,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         there a worker that joins builds its optimizer while the others train, and must
         not enter a collective they do not."""
         check_same_exchange_on_all_ranks(self._ops, self._names, [p.shape for p in self._params],
-                                         [p.dtype for p in self._params], self._compression)
+                                         [p.dtype for p in self._params], self._compression,
+                                         self._accordion.policy)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes

@@ -194,6 +194,21 @@ def check_different_parameter_order_is_a_clear_error():
     raise AssertionError("a different parameter order was accepted")
 
 
+def check_a_policy_that_differs_between_ranks_is_a_clear_error_on_every_rank():
+    """Ranks with different policies would run different collectives at a check (an error
+    table, or none) and hang there: every rank raises at construction instead."""
+    model = make_model()
+    policy = ErrorBudget(slack=2.0 if hvd.rank() == 0 else 3.0)
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                 compression=Compression.powersgd(4, 1, ladder=(4, 2, 1)), policy=policy)
+    except ValueError as error:
+        assert ("uses policy ErrorBudget(slack=3.0), rank 0 uses ErrorBudget(slack=2.0)" if hvd.rank() == 1
+                else "another compression or policy") in str(error), error
+        return str(error)
+    raise AssertionError("different policies were accepted")
+
+
 class Mixed(torch.nn.Module):
     """A frozen layer, a branch only rank 0 uses, and fp64 and bf16 parameters."""
 
