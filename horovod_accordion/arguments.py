@@ -105,9 +105,8 @@ def check_same_on_all_ranks(local, rank, broadcast_from_root, sum_over_ranks):
 def first_difference(reference, local, rank):
     """``None`` if ``local`` matches rank 0's ``reference``, else a message saying where it differs."""
     for part in ("compression", "policy"):
-        if local.get(part) != reference.get(part):
-            return (f"rank {rank} uses {part} {local.get(part)}, rank 0 uses {reference.get(part)}; all ranks "
-                    f"must use the same")
+        if local[part] != reference[part]:
+            return f"rank {rank} uses {part} {local[part]}, rank 0 uses {reference[part]}; all ranks must use the same"
     ours, theirs = local["parameters"], reference["parameters"]
     if ours == theirs:
         return None

@@ -89,8 +89,8 @@ class PhaseSchedule(AccordionPolicy):
 
     Window w of ``total_windows`` is in phase ⌊len(ladder)·w / total_windows⌋; a layer runs
     at that phase's ladder level, one level further for layers whose ℓ_low bytes are above
-    the median of the compressed layers (capped at ℓ_high). Decided at every window; decay events and norms
-    are ignored, so no Δ is kept and no norm is reduced.
+    the median of the compressed layers (capped at ℓ_high). Decided at every window; decay
+    events and norms are ignored, so no Δ is kept and no norm is reduced.
 
     Args:
         total_windows: the windows of the whole training (its epochs, or steps / window_steps).

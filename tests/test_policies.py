@@ -15,6 +15,7 @@ from horovod_accordion.policies import (AccordionPolicy, ErrorBudget, PhaseSched
                                         make_policy)
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
 from horovod_accordion.torch_tensors import TorchTensorOps
+from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_cheapest, exhaustive_costs
 
 
@@ -107,13 +108,7 @@ def test_ladders_default_to_the_two_levels():
     assert PowerSGD(2, 2, ladder=(2, 2)).levels == (2, 2)  # a static run states its one level
 
 
-class Float64Ops(TorchTensorOps):
-    def state(self, array, name):
-        return torch.from_numpy(array).to(torch.float64)
-
-    def as_matrix(self, grad, shape):
-        return grad.reshape(shape).to(torch.float64)
-
+class Float64Ops(Float64State, TorchTensorOps):
     def size(self):
         return 8
 

@@ -15,3 +15,14 @@ def batch_of_rank(rank, step, scale=1.0):
     x = torch.randn(16, 20, generator=generator) * scale * (1 + 3 * rank)
     y = torch.randint(0, 4, (16,), generator=generator)
     return x, y
+
+
+class Float64State:
+    """Mixed into torch tensor ops: the reducer's maths and state in fp64, so that a comparison
+    with numpy or with the TF reducer holds far above rounding on any CPU."""
+
+    def state(self, array, name):
+        return torch.from_numpy(array).to(torch.float64)
+
+    def as_matrix(self, grad, shape):
+        return grad.reshape(shape).to(torch.float64)

@@ -16,6 +16,7 @@ from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
 from horovod_accordion.tensorflow.ops import TensorFlowOps
 from horovod_accordion.torch.ops import TorchOps
+from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
 
 
@@ -39,14 +40,8 @@ def rank_gradients(step):
     return [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]
 
 
-class Float64TorchOps(TorchOps):
+class Float64TorchOps(Float64State, TorchOps):
     """The torch reducer's maths and state in fp64."""
-
-    def state(self, array, name):
-        return torch.from_numpy(array).to(torch.float64)
-
-    def as_matrix(self, grad, shape):
-        return grad.reshape(shape).to(torch.float64)
 
 
 class Float64TensorFlowOps(TensorFlowOps):
