@@ -1,8 +1,9 @@
-"""The framework-agnostic driver shared by every adapter.
+"""The schedule shared by every adapter: no tensors, no collectives.
 
-It owns the detector, counts steps and windows, turns critical flags into levels and
-logs each check. Adapters only accumulate gradients, reduce the per-layer squared
-norms across ranks and call ``end_window`` with the result.
+It owns the detector, counts steps and windows, turns critical flags into levels through
+the policy and logs each check. The exchange (``horovod_accordion.exchange``) accumulates
+the gradients, reduces the per-layer squared norms across ranks and calls ``end_window``
+with the result.
 """
 
 import math
@@ -11,8 +12,7 @@ import warnings
 
 from horovod_accordion.detector import RegimeDetector
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.policies import AccordionPolicy, make_policy
-from horovod_accordion.reducers import fused_allreduce_mean
+from horovod_accordion.policies import make_policy, policy_for
 
 __all__ = ["Accordion", "NO_WINDOW_WARNING_STEPS", "warn_if_no_window_closed"]
 
@@ -67,10 +67,7 @@ class Accordion:
             else sorted(compressed_layers)
         self.ladder = tuple(levels)
         self.low, self.high = self.ladder[0], self.ladder[-1]
-        self.policy = make_policy(policy)
-        if compressed_layers is None and type(self.policy) is not AccordionPolicy:
-            raise ValueError(f"policy {self.policy!r} chooses compression levels: with batch_switch, keep the "
-                             f"default policy='accordion'")
+        self.policy = policy_for(policy, self.ladder, batch_switch=compressed_layers is None)
         self._reducer = None  # for the level costs, once ``attach`` gives it
         self.window_steps = window_steps
         self.delta_windows = delta_windows
@@ -88,7 +85,7 @@ class Accordion:
     def attach(self, reducer):
         """Start ``reducer`` at this schedule's levels. A policy other than Accordion's weighs
         the bytes of each compressed layer at each ladder level, which the reducer knows."""
-        if type(self.policy) is not AccordionPolicy:
+        if self.policy.weighs_costs:
             self._reducer = reducer
             self._levels = self._decide()
         reducer.set_levels(self.levels)
@@ -119,8 +116,9 @@ class Accordion:
         return {self.layer_names[k]: levels[k] for k in self.compressed_layers}
 
     def observe_lr(self, lr):
-        """Returns ``True`` if a learning-rate decay event just switched every layer to ℓ_low."""
-        if not self.policy.reads_norms or not self.detector.observe_lr(lr):
+        """Returns ``True`` if a learning-rate decay event just switched every layer to ℓ_low.
+        A policy that reads no norms switches nothing on a decay; its checks still log the rate."""
+        if not self.detector.observe_lr(lr) or not self.policy.reads_norms:
             return False
         self._levels = self._decide()
         self.log.record_decay(self.step, lr, self.named_levels.items())
@@ -194,78 +192,6 @@ class Accordion:
             zip(self.layer_names, ratios), zip(self.layer_names, norms), lr=lr,
             **log_extra, **(self.describe(self.levels) if self.describe else {}))
         return True
-
-    def observe_gradients(self, ops, grads, counts, accumulated=None, layers=None):
-        """Read each gradient once for the detector: count in ``counts[k]`` each layer k (of
-        ``layers``, by default all) whose gradient is not finite this step (read once per window,
-        so the step itself never waits on the device), and add the finite ones to Δ
-        (``accumulated``; ``None`` in a window that feeds no check). A non-finite gradient (an
-        overflow that a GradScaler will skip) stays out of Δ, so the next check stays finite."""
-        if not grads:
-            return
-        finite = ops.finite_flags(grads)
-        if layers is None:
-            ops.add_to(counts, ops.false_as_ones(finite))
-        else:
-            ops.add_at(counts, layers, ops.false_as_ones(finite))
-        for k, total in enumerate(accumulated or ()):
-            ops.add_if(total, finite[k], grads[k])
-
-    def close_window(self, reducer, ops, accumulated, non_finite_counts=None):
-        """Close a window for an adapter: at a check, reduce each layer's squared norm of
-        its ``accumulated`` gradient Δ over ranks (see ``check_norm``), decide, give
-        ``reducer`` the new levels and empty Δ; a window that does not feed the next
-        check empties it too. Warns about the layers with non-finite gradients in the window."""
-        empty = self.window_empties_delta
-        if self.window_is_check:
-            # Each rank's own errors, before anything averages Δ: the table is averaged instead.
-            errors = reducer.approximation_errors(accumulated, self.ladder) if self.policy.measures_errors else None
-            if self.check_norm == "local":
-                local = ops.squared_norms(accumulated)
-                table = ops.to_floats(ops.start_allreduce_mean(
-                    local if errors is None else ops.concat([local, errors]), "norms").wait())
-                squared, errors = table[:len(accumulated)], table[len(accumulated):]
-            else:
-                if errors is not None:
-                    errors = ops.to_floats(ops.start_allreduce_mean(errors, "errors").wait())
-                # Δ is emptied after a check, so the collective may write the average into it.
-                squared = ops.to_floats(ops.squared_norms(fused_allreduce_mean(ops, accumulated, "delta")))
-            rungs = len(self.ladder)
-            errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
-                if errors else None
-            if self.end_window(squared, errors=errors, bytes_sent=ops.take_bytes_sent()):
-                reducer.set_levels(self.levels)
-            if self.verify_levels:
-                self._verify_same_levels(ops)
-        elif self.end_window():
-            reducer.set_levels(self.levels)
-        if empty:
-            for total in accumulated:
-                ops.zero(total)
-        if non_finite_counts is not None:
-            self._warn_non_finite(ops.to_floats(ops.read(non_finite_counts)), ops.rank())
-            ops.zero(non_finite_counts)
-
-    def _warn_non_finite(self, counts, rank):
-        layers = [f"{name!r} ({int(n)} steps)" for name, n in zip(self.layer_names, counts) if n > 0]
-        if layers:
-            warnings.warn(
-                f"rank {rank}: non-finite gradients in the window that ended at step {self.step}: "
-                f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
-                f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
-
-    def _verify_same_levels(self, ops):
-        """All ranks see the same gathered rows, so they all raise or none does."""
-        mine = [float(level) for level in self.levels] + [float(self.step), float(self.detector.windows_seen)]
-        rows = ops.to_floats(ops.start_allgather(ops.from_floats(mine), "verify_levels").wait())
-        ops.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
-        if any(row != rows[0] for row in rows):
-            ranks = [r for r, row in enumerate(rows) if row != rows[0]]
-            layers = sorted({self.layer_names[k] for row in rows for k in range(len(self.layer_names))
-                             if row[k] != rows[0][k]})
-            raise RuntimeError(
-                f"verify_levels: after the check at step {self.step}, rank(s) {ranks} of this process set "
-                f"differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
 
     def state_dict(self):
         """The schedule, with the check history, so that a resumed run's stats stay whole."""

@@ -10,7 +10,7 @@ The decision is whole-model, as in the authors' batch-size runs and Shockwave.
 import math
 from dataclasses import dataclass
 
-__all__ = ["BatchSwitch", "MicroBatchCounter", "switched_levels"]
+__all__ = ["BatchSwitch", "MicroBatchCounter", "schedule_arguments"]
 
 _LR_SCALING = {
     "linear": lambda multiplier: float(multiplier),
@@ -121,19 +121,17 @@ class MicroBatchCounter:
         self.missing = 0 if held is None else self.pending - held
 
 
-def leveled_layers(batch_switch, reducer):
-    """The layers whose level Accordion reports: every layer with ``batch_switch`` (one batch
-    size for all), else the ones the compression compresses."""
-    return None if batch_switch is not None else reducer.compressed
-
-
-def switched_levels(batch_switch, compression_levels, backward_passes_per_step):
-    """The levels Accordion switches: the compression's, or with ``batch_switch`` the
-    micro-batches per step. Every adapter checks a batch switch here, the same way."""
+def schedule_arguments(batch_switch, compression_levels, reducer, backward_passes_per_step, ops):
+    """What a batch switch sets in an adapter's ``Accordion``, the same on every adapter: the
+    levels it switches (the compression's, or the micro-batches per step), the layers whose
+    level it reports (the compressed ones, or every layer: one batch size for all, so not per
+    layer) and the batch in force in each check record."""
     if batch_switch is None:
-        return compression_levels
+        return {"levels": compression_levels, "compressed_layers": reducer.compressed}
     if not isinstance(batch_switch, BatchSwitch):
         raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
     if backward_passes_per_step != 1:
         raise ValueError("batch_switch accumulates micro-batches itself: leave backward_passes_per_step at 1")
-    return batch_switch.replace_levels(compression_levels)
+    # describe holds the ops, not the adapter: an exit warning keeps the Accordion alive.
+    return {"levels": batch_switch.replace_levels(compression_levels), "compressed_layers": None,
+            "per_layer": False, "describe": lambda levels: batch_switch.describe(levels, int(ops.size()))}

@@ -1,17 +1,19 @@
-"""One optimizer step's gradient exchange, bucket by bucket, for the backends whose
-gradients come out of backward in buckets: Horovod's torch optimizer (from its gradient
-hooks) and torch DDP (from its communication hook).
+"""One optimizer step's gradient exchange, bucket by bucket: the only per-step protocol,
+for every backend. Horovod's torch optimizer starts a bucket from its gradient hooks, torch
+DDP from its communication hook, TensorFlow with the whole model as one bucket in the
+traced step.
 
 Each bucket is started as soon as its gradients are in: the detector's Δ and non-finite
 counts take their share, and the reducer's first phase goes on the wire while backward
 goes on. ``finish`` runs the remaining phases of every started bucket, and ``end_step``
-counts the step and closes a window when one is complete. The adapters only say when a
-bucket is ready and where the averages go.
+counts the step and closes a window when one is complete: at a check, the exchange reduces
+the norms of Δ over ranks and hands them to the schedule (``Accordion``), which decides.
+The adapters only say when a bucket is ready and where the averages go.
 """
 
 import warnings
 
-from horovod_accordion.reducers import BucketReduction, split_state
+from horovod_accordion.reducers import BucketReduction, fused_allreduce_mean, split_state
 
 __all__ = ["BucketedExchange"]
 
@@ -38,17 +40,29 @@ class BucketedExchange:
         if not self.started and self.accordion.observe_lr(lr):
             self.reducer.set_levels(self.accordion.levels)
 
-    def start(self, bucket, layers, grads, divisor=1, reducer=None):
+    def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
         by ``divisor`` (the micro-batches of a large batch), in Δ they are not. ``reducer``
         replaces the compressing one for this bucket (DDP's plain allreduce before ``start_iter``)."""
-        accordion = self.accordion
-        if accordion.adaptive:
-            accumulated = [self.accumulated[layer] for layer in layers] if accordion.window_accumulates else None
-            accordion.observe_gradients(self.ops, grads, self.non_finite_counts, accumulated, layers)
-        if divisor != 1:
+        if self.accordion.adaptive:
+            self._observe(layers, grads)
+        if divisor is not None:
             grads = [grad / divisor for grad in grads]
         self.started[bucket] = (reducer or self.reducer).start(layers, grads, name=f".b{bucket}")
+
+    def _observe(self, layers, grads):
+        """Read each gradient once for the detector: count each layer whose gradient is not
+        finite (read once per window, so the step never waits on the device), and add the
+        finite ones to Δ. A non-finite gradient (an overflow that a GradScaler will skip) stays
+        out of Δ, so the next check stays finite."""
+        ops = self.ops
+        finite = ops.finite_flags(grads)
+        ops.add_at(self.non_finite_counts, layers, ops.false_as_ones(finite))
+        # A traced step (TensorFlow) is frozen at the window it was traced in, so it adds every
+        # step; a window that feeds no check empties Δ at its end all the same.
+        if self.accumulated and (ops.traced or self.accordion.window_accumulates):
+            for k, layer in enumerate(layers):
+                ops.add_if(self.accumulated[layer], finite[k], grads[k])
 
     def finish(self):
         """Every started bucket's averages, as ``{layer: average}``. The step's buckets are
@@ -58,11 +72,12 @@ class BucketedExchange:
         finally:
             self.started = {}
 
-    def end_step(self, micro_batches=1, record=None):
-        """Count the step and log its bytes (and ``record``'s fields); close the window if the
-        step completes one."""
+    def end_step(self, micro_batches=1, record=None, bytes_sent=None):
+        """Count the step and log its bytes (by default what the collectives counted since the
+        last step) and ``record``'s fields; close the window if the step completes one."""
         window_complete = self.accordion.step_done(micro_batches)
-        self.accordion.log.record_step(self.accordion.step, self.ops.take_bytes_sent(), **(record or {}))
+        bytes_sent = self.ops.take_bytes_sent() if bytes_sent is None else bytes_sent
+        self.accordion.log.record_step(self.accordion.step, bytes_sent, **(record or {}))
         if window_complete:
             self.end_window()
 
@@ -70,7 +85,7 @@ class BucketedExchange:
         """Close an epoch-long window: the user's ``end_epoch()``, on every backend."""
         window_steps = self.accordion.window_steps
         if window_steps is not None:
-            raise RuntimeError(f"this exchange closes its windows every {window_steps} steps by itself; "
+            raise RuntimeError(f"window_steps={window_steps} closes a window every {window_steps} steps by itself; "
                                f"end_epoch() is for window_steps=None")
         if self.started:
             # A check would switch levels under buckets whose later phases are still to run.
@@ -79,7 +94,68 @@ class BucketedExchange:
         self.end_window()
 
     def end_window(self):
-        self.accordion.close_window(self.reducer, self.ops, self.accumulated, self.non_finite_counts)
+        """Close a window: at a check, reduce each layer's squared norm of its Δ over ranks (see
+        ``check_norm``), let the schedule decide and give the reducer the new levels; empty Δ
+        after a check and after a window that feeds none. Warns about the layers with
+        non-finite gradients in the window."""
+        accordion, ops, reducer = self.accordion, self.ops, self.reducer
+        empty = accordion.window_empties_delta
+        if accordion.window_is_check:
+            accumulated = self.accumulated
+            # Each rank's own errors, before anything averages Δ: the table is averaged instead.
+            errors = reducer.approximation_errors(accumulated, accordion.ladder) \
+                if accordion.policy.measures_errors else None
+            if accordion.check_norm == "local":
+                local = ops.squared_norms(accumulated)
+                table = ops.to_floats(ops.start_allreduce_mean(
+                    local if errors is None else ops.concat([local, errors]), "norms").wait())
+                squared, errors = table[:len(accumulated)], table[len(accumulated):]
+            else:
+                if errors is not None:
+                    errors = ops.to_floats(ops.start_allreduce_mean(errors, "errors").wait())
+                # Δ is emptied after a check, so the collective may write the average into it.
+                squared = ops.to_floats(ops.squared_norms(fused_allreduce_mean(ops, accumulated, "delta")))
+            rungs = len(accordion.ladder)
+            errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
+                if errors else None
+            decided = accordion.end_window(squared, errors=errors, bytes_sent=ops.take_bytes_sent())
+        else:
+            decided = accordion.end_window()
+        if decided:
+            reducer.set_levels(accordion.levels)
+            if accordion.verify_levels:
+                self.verify_same_levels()
+        if empty:
+            for total in self.accumulated:
+                ops.zero(total)
+        if self.non_finite_counts is not None:
+            self._warn_non_finite(ops.to_floats(ops.read(self.non_finite_counts)))
+            ops.zero(self.non_finite_counts)
+
+    def _warn_non_finite(self, counts):
+        accordion = self.accordion
+        layers = [f"{name!r} ({int(n)} steps)" for name, n in zip(accordion.layer_names, counts) if n > 0]
+        if layers:
+            warnings.warn(
+                f"rank {self.ops.rank()}: non-finite gradients in the window that ended at step {accordion.step}: "
+                f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
+                f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
+
+    def verify_same_levels(self):
+        """``verify_levels``: gather every rank's levels, step and window, and raise on every rank
+        if any differ. All ranks see the same gathered rows, so they all raise or none does."""
+        accordion, ops = self.accordion, self.ops
+        mine = [float(level) for level in accordion.levels] + [float(accordion.step),
+                                                               float(accordion.detector.windows_seen)]
+        rows = ops.to_floats(ops.start_allgather(ops.from_floats(mine), "verify_levels").wait())
+        ops.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
+        if any(row != rows[0] for row in rows):
+            ranks = [r for r, row in enumerate(rows) if row != rows[0]]
+            names = accordion.layer_names
+            layers = sorted({names[k] for row in rows for k in range(len(names)) if row[k] != rows[0][k]})
+            raise RuntimeError(
+                f"verify_levels: after the check at step {accordion.step}, rank(s) {ranks} of this process set "
+                f"differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
 
     def state_dict(self):
         """The schedule and the shared compression state (Q, levels), and in ``per_rank``

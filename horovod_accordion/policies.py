@@ -34,6 +34,7 @@ class AccordionPolicy:
 
     reads_norms = True  # the detector's window norms decide
     measures_errors = False
+    weighs_costs = False  # whether it weighs each ladder level's bytes: then it needs a ladder to choose from
 
     def decide(self, ladder, critical, window=0, current=None, errors=None, costs=None):
         return [ladder[0] if c else ladder[-1] for c in critical]
@@ -57,6 +58,7 @@ class ErrorBudget(AccordionPolicy):
     """
 
     measures_errors = True
+    weighs_costs = True
 
     def __init__(self, slack=2.0):
         if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and slack >= 1 and math.isfinite(slack)):
@@ -97,6 +99,7 @@ class PhaseSchedule(AccordionPolicy):
     """
 
     reads_norms = False
+    weighs_costs = True
 
     def __init__(self, total_windows):
         if isinstance(total_windows, bool) or not isinstance(total_windows, int) or total_windows < 1:
@@ -112,6 +115,23 @@ class PhaseSchedule(AccordionPolicy):
 
     def __repr__(self):
         return f"PhaseSchedule(total_windows={self.total_windows!r})"
+
+
+def policy_for(policy, ladder, batch_switch=False):
+    """:func:`make_policy`, refusing a policy that weighs the levels' costs where it would have
+    nothing to choose: with a fixed level (a static or plain compression), or with a batch
+    switch (it chooses compression levels, not batch sizes)."""
+    policy = make_policy(policy)
+    if not policy.weighs_costs:
+        return policy
+    if batch_switch:
+        raise ValueError(f"policy {policy!r} chooses compression levels: with batch_switch, keep the "
+                         f"default policy='accordion'")
+    if len(set(ladder)) < 2:
+        raise ValueError(f"policy {policy!r} chooses each layer's level from a ladder, and this compression has "
+                         f"one level ({ladder[0]}): pass an adaptive one (PowerSGD(low, high), TopK(low, high), "
+                         f"or a ladder), or leave policy='accordion'")
+    return policy
 
 
 def make_policy(policy):

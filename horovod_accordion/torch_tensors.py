@@ -46,6 +46,8 @@ class TorchTensorOps:
     ``rank``, ``start_allreduce_mean`` and ``start_allgather``, each counting the bytes it
     sends in ``bytes_sent``."""
 
+    traced = False  # steps run eagerly: Python decides per step (see ``BucketedExchange``)
+
     def __init__(self, device="cpu"):
         self.device = device  # where the parameters, hence the compression state, live
         self.bytes_sent = 0

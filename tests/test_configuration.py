@@ -3,6 +3,7 @@ so the check happens before any Horovod call, let alone a collective."""
 import pytest
 import torch
 
+import horovod_accordion.ddp as ddp
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import Compression
 
@@ -31,6 +32,10 @@ def optimizer(**kwargs):
     (lambda: optimizer(compression=Compression.topk(0.5, 0.1), window_steps=2.5), "window_steps"),
     (lambda: optimizer(compression=Compression.topk(0.5, 0.1), lr_decay_factor=0.5), "lr_decay_factor"),
     (lambda: optimizer(named_parameters=[("w", torch.nn.Parameter(torch.ones(1)))]), "were not named"),
+    # A policy that weighs levels, with one level to choose from, is refused rather than ignored
+    (lambda: optimizer(compression=Compression.powersgd(2), policy="error_budget"), "one level"),
+    (lambda: optimizer(policy=hvd.PhaseSchedule(total_windows=3)), "one level"),
+    (lambda: ddp.AccordionState(compression=ddp.Compression.fp16, policy="error_budget"), "one level"),
 ])
 def test_bad_configuration_raises_before_horovod_is_touched(make, message):
     with pytest.raises(ValueError, match=message):

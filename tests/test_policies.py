@@ -4,6 +4,7 @@ The decisions on real ranks are in the workers' checks (torch, DDP, TF)."""
 import json
 import math
 import pathlib
+import types
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.compression import PowerSGD, TopK, kept_count
+from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.policies import (AccordionPolicy, ErrorBudget, PhaseSchedule, cheapest_levels,
                                         make_policy)
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
@@ -112,6 +114,9 @@ class Float64Ops(Float64State, TorchTensorOps):
     def size(self):
         return 8
 
+    def rank(self):
+        return 0
+
 
 SHAPES = [(6, 5), (5,), (12, 3, 2, 2), (40, 30)]
 
@@ -164,15 +169,48 @@ def accordion_with(policy, **options):
     return schedule, reducer
 
 
+def exchange_of(schedule, reducer):
+    params = [torch.zeros(shape, dtype=torch.float64) for shape in [(20, 20), (20,), (60, 40)]]
+    return BucketedExchange(schedule, reducer, Float64Ops(), params)
+
+
 def test_the_phase_schedule_reads_no_norms_and_ignores_decays():
     schedule, reducer = accordion_with(PhaseSchedule(total_windows=3))
     assert not schedule.window_accumulates and not schedule.window_is_check
     assert schedule.levels == [4, 4, 2] and [reducer.ranks[i].value for i in (0, 2)] == [4, 2]
     assert not schedule.observe_lr(1.0) and not schedule.observe_lr(0.01)
     assert schedule.levels == [4, 4, 2]
-    schedule.close_window(reducer, None, [])
+    exchange_of(schedule, reducer).end_window()
     assert schedule.levels == [2, 2, 1] and [reducer.ranks[i].value for i in (0, 2)] == [2, 1]
     assert schedule.log.checks[-1]["levels"] == {"w": 2, "v": 1}
+
+
+def test_the_phase_schedule_logs_the_learning_rate_of_each_window():
+    """Its levels ignore a decay, but its log must still plot the run's schedule."""
+    exchange = exchange_of(*accordion_with(PhaseSchedule(total_windows=3)))
+    exchange.observe_lr(0.1)
+    exchange.end_window()
+    exchange.observe_lr(0.01)  # a decay: no switch to ℓ_low, no decay record
+    exchange.end_window()
+    assert [(record["event"], record["lr"]) for record in exchange.accordion.log.checks] == \
+        [("check", 0.1), ("check", 0.01)]
+
+
+class TwoRanksOneDisagreeing(Float64Ops):
+    """The allgather of a world whose other rank holds other levels."""
+
+    def start_allgather(self, flat, name):
+        other = flat.clone()
+        other[0] += 1
+        return types.SimpleNamespace(wait=lambda: torch.stack([flat, other]))
+
+
+def test_verify_levels_runs_at_every_decision_of_a_policy_that_reads_no_norms():
+    schedule, reducer = accordion_with(PhaseSchedule(total_windows=3), verify_levels=True)
+    params = [torch.zeros(shape, dtype=torch.float64) for shape in [(20, 20), (20,), (60, 40)]]
+    exchange = BucketedExchange(schedule, reducer, TwoRanksOneDisagreeing(), params)
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\].*layers that differ: \['w'\]"):
+        exchange.end_window()
 
 
 def test_the_policy_and_its_levels_are_checkpointed():
@@ -217,19 +255,17 @@ def test_level_costs_follow_the_world_size_of_each_decision():
 
 
 def test_a_policy_that_reads_no_norms_keeps_no_delta():
-    from horovod_accordion.exchange import BucketedExchange
-    params = [torch.zeros(shape, dtype=torch.float64) for shape in [(20, 20), (20,), (60, 40)]]
     for policy, kept in ((PhaseSchedule(total_windows=3), 0), (None, 3), ("error_budget", 3)):
-        schedule, reducer = accordion_with(policy)
-        assert len(BucketedExchange(schedule, reducer, Float64Ops(), params).accumulated) == kept, policy
+        assert len(exchange_of(*accordion_with(policy)).accumulated) == kept, policy
 
 
 def test_the_plot_draws_the_levels_of_a_log_without_norms(tmp_path):
     """A phase schedule's checks log levels and no norms: no norm figure, and --layer says why."""
     from horovod_accordion.plot import run_figures
-    schedule, reducer = accordion_with(PhaseSchedule(total_windows=3))
+    exchange = exchange_of(*accordion_with(PhaseSchedule(total_windows=3)))
+    schedule = exchange.accordion
     for _ in range(3):
-        schedule.close_window(reducer, None, [])
+        exchange.end_window()
     log = tmp_path / "phase.jsonl"
     log.write_text("".join(json.dumps(record) + "\n" for record in schedule.log.checks))
     assert [pathlib.Path(p).name for p in run_figures(log, tmp_path / "out")] == ["levels.png"]

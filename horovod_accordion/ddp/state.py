@@ -32,7 +32,7 @@ from horovod_accordion.compression import PowerSGD, TopK
 from horovod_accordion.ddp.ops import DistributedOps
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.policies import make_policy
+from horovod_accordion.policies import policy_for
 from horovod_accordion.reducers import DenseReducer, make_reducer
 from horovod_accordion.torch_compression import PlainCompressor
 from horovod_accordion.torch_tensors import summary_writer
@@ -111,7 +111,7 @@ class AccordionState:
         self._schedule_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                                       lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
                                       check_norm=check_norm, verify_levels=verify_levels,
-                                      policy=make_policy(policy))
+                                      policy=policy_for(policy, self._levels()))
         self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
         self._unbound()
         self._optimizer = optimizer

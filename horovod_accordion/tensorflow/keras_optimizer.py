@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_accordion.arguments import under_elastic
+from horovod_accordion.policies import policy_for
 from horovod_accordion.tensorflow.state import AccordionState
 
 __all__ = ["AccordionOptimizer", "accordion_keras_optimizer", "build_weights", "deserializers"]
@@ -125,6 +126,9 @@ def accordion_keras_optimizer(adapter, optimizer, name, device_dense, device_spa
                          f"Horovod's defaults{instead}")
     if isinstance(optimizer, AccordionOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer: wrap the plain one once")
+    # Here, not at the first step where the state is built: a bad policy is the caller's mistake.
+    policy_for(options["policy"], getattr(options["compression"], "levels", (None,)),
+               batch_switch=options["batch_switch"] is not None)
     cls = type(optimizer.__class__.__name__, (adapter, optimizer.__class__), {"__module__": adapter.__module__})
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._accordion_options = options

@@ -31,6 +31,7 @@ class _Done:
 class TensorFlowOps(HorovodProcessSetOps):
     horovod_module = hvd
     as_tensor = staticmethod(tf.constant)
+    traced = True  # the step is a traced graph: what Python decides at tracing stays for good
 
     def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, name_prefix="accordion"):
         self.process_set = process_set
@@ -120,6 +121,15 @@ class TensorFlowOps(HorovodProcessSetOps):
 
     def add_to(self, total, value):
         total.assign_add(tf.cast(value, total.dtype))
+
+    def add_at(self, total, indices, values):
+        total.scatter_add(tf.IndexedSlices(tf.cast(values, total.dtype), tf.constant(list(indices), tf.int32)))
+
+    def delta_like(self, variable):
+        return tf.Variable(tf.zeros(variable.shape, tf.float32), trainable=False, name="accumulated")
+
+    def counters(self, count):
+        return tf.Variable(tf.zeros(count), trainable=False, name="non_finite_counts")
 
     def add_if(self, total, flag, value):
         """``total += value`` where the device flag ``flag`` is true."""

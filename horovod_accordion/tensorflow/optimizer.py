@@ -10,6 +10,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.policies import make_policy
 from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer, deserializers
 
 __all__ = ["DistributedOptimizer", "load_model", "tensorflow_distributed_optimizer"]
@@ -62,7 +63,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     # Plain none or fp16 is Horovod's own optimizer, unless a traffic record is asked for: then
     # it runs through Accordion's exchange, so that a baseline logs as the compressed runs do.
     records = log_path is not None or tensorboard_dir is not None
-    if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)) and not records:
+    if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)) and not records \
+            and not make_policy(policy).weighs_costs:  # such a policy is refused by Accordion's, not ignored
         import horovod.tensorflow.keras as hvd_keras  # Keras 2 only (horovod#4290): imported where used
         return hvd_keras.DistributedOptimizer(
             optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,

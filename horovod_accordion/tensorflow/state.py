@@ -17,7 +17,8 @@ from horovod.tensorflow.compression import Compressor
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import MicroBatchCounter, leveled_layers, switched_levels
+from horovod_accordion.batch import MicroBatchCounter, schedule_arguments
+from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer, split_state
 from horovod_accordion.tensorflow.ops import TensorFlowOps
@@ -74,17 +75,13 @@ class AccordionState(tf.Module):
         self._ops = TensorFlowOps(process_set, gradient_predivide_factor, collective_prefix(names))
         self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
         self.batch_switch = batch_switch
-        levels = switched_levels(batch_switch, levels, backward_passes_per_step)
-        if batch_switch is not None:
-            per_layer = False  # one batch size for the whole model
         self._log = CommunicationLog()
-        self._schedule = Accordion(
-            names, levels, log=self._log, eta=eta, interval=interval, window_steps=window_steps,
-            per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
-            check_norm=check_norm, verify_levels=verify_levels, policy=policy,
-            compressed_layers=leveled_layers(batch_switch, self._reducer),
-            describe=None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, int(ops.size())))
-        self._schedule.attach(self._reducer)
+        schedule = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
+                        lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
+                        verify_levels=verify_levels, policy=policy)
+        schedule.update(schedule_arguments(batch_switch, levels, self._reducer, backward_passes_per_step, self._ops))
+        self._schedule = Accordion(names, log=self._log, **schedule)
+        self._exchange = BucketedExchange(self._schedule, self._reducer, self._ops, variables)
         self._compression = compression
         self._variables = variables
         if not under_elastic():
@@ -95,10 +92,8 @@ class AccordionState(tf.Module):
         # Tracked by tf.train.Checkpoint through tf.Module's attribute tracking.
         self.reducer_variables = {f"{group}_{i}": holder for group, entries in self._reducer.state().items()
                                   for i, holder in entries.items()}
-        self.accumulated = [tf.Variable(tf.zeros(shape, tf.float32), trainable=False, name=f"accumulated_{k}")
-                            for k, shape in enumerate(shapes)] if self._schedule.keeps_delta else []
-        self.non_finite_counts = tf.Variable(tf.zeros(len(shapes)), trainable=False, name="non_finite_counts") \
-            if self._schedule.adaptive else None
+        self.accumulated = self._exchange.accumulated
+        self.non_finite_counts = self._exchange.non_finite_counts
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         if batch_switch is not None:
             self._counter = MicroBatchCounter(batch_switch)
@@ -203,12 +198,11 @@ class AccordionState(tf.Module):
         """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
         sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
-        if self._schedule.adaptive:
-            self._schedule.observe_gradients(self._ops, grads, self.non_finite_counts, self.accumulated)
         self.steps.assign_add(1)
-        if micro_batches is not None:
-            grads = [g / tf.cast(micro_batches, g.dtype) for g in grads]
-        averaged = self._reducer.reduce(grads)
+        layers = range(len(grads))
+        self._exchange.start(0, layers, grads, divisor=micro_batches)
+        averaged = self._exchange.finish()
+        averaged = [averaged[layer] for layer in layers]
         if self._op == hvd.Sum:
             averaged = [g * tf.cast(self._ops.size(), g.dtype) for g in averaged]
         return averaged
@@ -268,8 +262,7 @@ class AccordionState(tf.Module):
     def observe_lr(self, lr):
         """Report the learning rate in force; a decay event puts every layer at ℓ_low."""
         with self._python_state():
-            if self._schedule.observe_lr(float(lr)):
-                self._reducer.set_levels(self._schedule.levels)
+            self._exchange.observe_lr(float(lr))
 
     def step_end(self, **record):
         """Record the traffic of the steps run since the last call; close step windows.
@@ -280,22 +273,14 @@ class AccordionState(tf.Module):
             for k in range(pending):
                 last = k == pending - 1
                 passes = record.get("micro_batches", self.backward_passes_per_step)
-                window_complete = self._schedule.step_done(passes if last else self.backward_passes_per_step)
-                self._log.record_step(self._schedule.step, bytes_sent if last else 0, **(record if last else {}))
-                if window_complete:
-                    self._end_window()
+                self._exchange.end_step(passes if last else self.backward_passes_per_step, record if last else None,
+                                        bytes_sent=bytes_sent if last else 0)
 
     def end_epoch(self):
         """Close an epoch-long detection window; call it once per epoch, on every rank."""
-        if self._schedule.window_steps is not None:
-            raise RuntimeError(f"this state closes its windows every {self._schedule.window_steps} steps by "
-                               f"itself; end_epoch() is for window_steps=None")
         self.step_end()
         with self._python_state():
-            self._end_window()
-
-    def _end_window(self):
-        self._schedule.close_window(self._reducer, self._ops, self.accumulated, self.non_finite_counts)
+            self._exchange.end_epoch()
 
     def write_tensorboard(self, logdir):
         """Rank 0 writes Accordion's scalars (bytes per step, levels and ratios per check) to ``logdir``."""

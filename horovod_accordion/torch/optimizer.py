@@ -29,7 +29,7 @@ from horovod.torch.compression import Compressor
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import MicroBatchCounter, leveled_layers, switched_levels
+from horovod_accordion.batch import MicroBatchCounter, schedule_arguments
 from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
@@ -66,18 +66,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops,
                                              (Compressor, PlainCompressor))
         self._batch_switch = batch_switch
-        levels = switched_levels(batch_switch, levels, backward_passes_per_step)
-        check_on_one_device(self._names, [p.device for p in self._params], levels)
-        if batch_switch is not None:
-            accordion_options["per_layer"] = False  # one batch size for the whole model
+        schedule = dict(accordion_options, **schedule_arguments(batch_switch, levels, self._reducer,
+                                                                backward_passes_per_step, self._ops))
+        check_on_one_device(self._names, [p.device for p in self._params], schedule["levels"])
         self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
         self._completes_large_batch = None  # this micro-batch's count, once synchronize() or step() took it
         self._lr_factor = 1.0
-        log_path, tensorboard_dir = accordion_options.pop("log_path"), accordion_options.pop("tensorboard_dir")
-        # describe must not hold the optimizer: the exit warning below keeps the Accordion alive.
-        describe = None if batch_switch is None else lambda lv, ops=self._ops: batch_switch.describe(lv, ops.size())
-        self._accordion = Accordion(self._names, levels, describe=describe,
-                                    compressed_layers=leveled_layers(batch_switch, self._reducer), **accordion_options)
+        log_path, tensorboard_dir = schedule.pop("log_path"), schedule.pop("tensorboard_dir")
+        self._accordion = Accordion(self._names, **schedule)
         # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
         self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
@@ -140,8 +136,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._observe_lr()  # this step's levels, before its first collective
         layers = self._buckets[bucket]
         grads = [self._dense_grad(self._params[layer]) for layer in layers]
-        held = self._micro_batches.held if self._micro_batches else 1
-        self._exchange.start(bucket, layers, grads, divisor=max(held, 1))  # the mean over a large batch
+        # The mean over a large batch, of the micro-batches whose gradients this rank holds.
+        divisor = max(self._micro_batches.held, 1) if self._micro_batches else None
+        self._exchange.start(bucket, layers, grads, divisor=divisor)
 
     def synchronize(self):
         """Average the gradients over ranks, compressed at each layer's current level. Returns

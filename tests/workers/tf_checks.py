@@ -308,6 +308,12 @@ def check_bad_tensorflow_configuration_raises_before_any_collective():
                                                num_groups=2),
         lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.none,
                                                log_path=os.devnull, scale_local_gradients=False),
+        # A policy with one level to choose from: refused when wrapping, not ignored nor raised at the first step
+        lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.none,
+                                               policy="error_budget"),
+        lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.powersgd(2),
+                                               policy=hvd.PhaseSchedule(total_windows=3)),
+        lambda: hvd.AccordionState(variables, compression=hvd.Compression.topk(0.1), policy="error_budget"),
     ]
     if hvd.rank() == 1:  # a collective entered by rank 1 alone would hang this check
         for case in cases:

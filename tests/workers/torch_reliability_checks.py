@@ -165,7 +165,7 @@ def check_verify_levels_passes_with_rank_skewed_data_and_catches_a_divergence():
     if hvd.rank() == 1:  # a rank that decided otherwise, as a per-rank LR schedule would make it
         set_regime(optimizer._accordion, [not c for c in optimizer._accordion.detector.critical])
     try:
-        optimizer._accordion._verify_same_levels(optimizer._ops)
+        optimizer._exchange.verify_same_levels()
     except RuntimeError as error:
         assert "rank(s) [1]" in str(error), error
         return str(error)
