@@ -278,6 +278,9 @@ class AccordionState(tf.Module):
 
     def end_epoch(self):
         """Close an epoch-long detection window; call it once per epoch, on every rank."""
+        if self._schedule.window_steps is not None:  # before step_end, whose windows may run collectives
+            raise RuntimeError(f"window_steps={self._schedule.window_steps} closes a window every "
+                               f"{self._schedule.window_steps} steps by itself; end_epoch() is for window_steps=None")
         self.step_end()
         with self._python_state():
             self._exchange.end_epoch()
