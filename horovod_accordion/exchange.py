@@ -83,15 +83,20 @@ class BucketedExchange:
 
     def end_epoch(self):
         """Close an epoch-long window: the user's ``end_epoch()``, on every backend."""
-        window_steps = self.accordion.window_steps
-        if window_steps is not None:
-            raise RuntimeError(f"window_steps={window_steps} closes a window every {window_steps} steps by itself; "
-                               f"end_epoch() is for window_steps=None")
+        self.check_epoch_windows()
         if self.started:
             # A check would switch levels under buckets whose later phases are still to run.
             raise RuntimeError("end_epoch() was called between backward and the optimizer step, while this "
                                "step's gradients are being exchanged: call it after optimizer.step()")
         self.end_window()
+
+    def check_epoch_windows(self):
+        """Refuse ``end_epoch()`` where windows are ``window_steps`` long; an adapter that runs
+        steps' bookkeeping before it (TF's ``step_end``) asks first, before any collective."""
+        window_steps = self.accordion.window_steps
+        if window_steps is not None:
+            raise RuntimeError(f"window_steps={window_steps} closes a window every {window_steps} steps by itself; "
+                               f"end_epoch() is for window_steps=None")
 
     def end_window(self):
         """Close a window: at a check, reduce each layer's squared norm of its Δ over ranks (see

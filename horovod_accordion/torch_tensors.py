@@ -146,9 +146,6 @@ class TorchTensorOps:
         """``state = value`` if all of ``value`` (and of ``also``) is finite, written in place."""
         torch.where(self.all_finite(value, also), value, state, out=state)
 
-    def add_to(self, total, value):
-        total.add_(value)
-
     def add_at(self, total, indices, values):
         """``total[indices] += values``; a run of consecutive indices (Horovod's buckets) is a view."""
         first, last = indices[0], indices[-1]

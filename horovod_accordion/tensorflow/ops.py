@@ -119,9 +119,6 @@ class TensorFlowOps(HorovodProcessSetOps):
     def assign_if_finite(self, state, value, also=None):
         state.assign(tf.where(self.all_finite(value, also), value, state))
 
-    def add_to(self, total, value):
-        total.assign_add(tf.cast(value, total.dtype))
-
     def add_at(self, total, indices, values):
         total.scatter_add(tf.IndexedSlices(tf.cast(values, total.dtype), tf.constant(list(indices), tf.int32)))
 

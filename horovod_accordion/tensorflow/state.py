@@ -200,7 +200,9 @@ class AccordionState(tf.Module):
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
         self.steps.assign_add(1)
         layers = range(len(grads))
-        self._exchange.start(0, layers, grads, divisor=micro_batches)
+        # The pending sums are fp32, as is the count the exchange divides them by.
+        divisor = None if micro_batches is None else tf.cast(micro_batches, tf.float32)
+        self._exchange.start(0, layers, grads, divisor=divisor)
         averaged = self._exchange.finish()
         averaged = [averaged[layer] for layer in layers]
         if self._op == hvd.Sum:
@@ -278,9 +280,7 @@ class AccordionState(tf.Module):
 
     def end_epoch(self):
         """Close an epoch-long detection window; call it once per epoch, on every rank."""
-        if self._schedule.window_steps is not None:  # before step_end, whose windows may run collectives
-            raise RuntimeError(f"window_steps={self._schedule.window_steps} closes a window every "
-                               f"{self._schedule.window_steps} steps by itself; end_epoch() is for window_steps=None")
+        self._exchange.check_epoch_windows()
         self.step_end()
         with self._python_state():
             self._exchange.end_epoch()

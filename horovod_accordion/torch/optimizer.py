@@ -136,8 +136,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._observe_lr()  # this step's levels, before its first collective
         layers = self._buckets[bucket]
         grads = [self._dense_grad(self._params[layer]) for layer in layers]
-        # The mean over a large batch, of the micro-batches whose gradients this rank holds.
-        divisor = max(self._micro_batches.held, 1) if self._micro_batches else None
+        # The mean over a large batch, of the micro-batches whose gradients this rank holds; a
+        # single one is not divided, which would copy every gradient for nothing.
+        held = self._micro_batches.held if self._micro_batches else 1
+        divisor = held if held > 1 else None
         self._exchange.start(bucket, layers, grads, divisor=divisor)
 
     def synchronize(self):
