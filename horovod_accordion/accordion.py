@@ -38,8 +38,9 @@ class Accordion:
             norm of its own Δ, one scalar per layer on the wire. ``"averaged"``: the norm of
             the Δ averaged over ranks, which is the norm of the gradient the model actually
             followed, for one dense allreduce of the model per check.
-        verify_levels: a debugging aid: at every check, gather each rank's levels and raise on
-            every rank if any differ (one small allgather per check, not counted as traffic).
+        verify_levels: a debugging aid: whenever the levels are decided (at every check, or
+            every window under a policy that reads no norms), gather each rank's levels and
+            raise on every rank if any differ (one small allgather, not counted as traffic).
             ``None`` (the default) reads ``HOROVOD_ACCORDION_VERIFY_LEVELS=1`` from the
             environment, which the test suite sets.
         log: a :class:`CommunicationLog`.
@@ -135,7 +136,7 @@ class Accordion:
 
     @property
     def keeps_delta(self):
-        """Whether the adapters need a Δ per layer at all: not for a fixed level, nor for a
+        """Whether the exchange needs a Δ per layer at all: not for a fixed level, nor for a
         policy that reads no norms."""
         return self.adaptive and self.policy.reads_norms
 

@@ -139,13 +139,15 @@ class RegimeDetector:
 
     def observe_lr(self, lr):
         """Report the learning rate in force. Returns ``True`` on a decay event."""
-        if self.lr_decay_factor is None or lr is None:
+        if lr is None:
             return False
         lr = float(lr)
         reference = max((r for r in (self.lr_previous_window, self.lr_current_window) if r is not None),
                         default=lr)
+        # Kept without the decay rule too: each check logs its window's rate.
         self.lr_current_window = lr if self.lr_current_window is None else max(self.lr_current_window, lr)
-        if lr >= reference or lr * self.lr_decay_factor > reference or self.decayed_this_window:
+        if self.lr_decay_factor is None or lr >= reference or lr * self.lr_decay_factor > reference \
+                or self.decayed_this_window:
             return False
         # The drop is used up: later steps at the new rate must not fire again.
         self.lr_previous_window, self.lr_current_window = None, lr

@@ -23,18 +23,24 @@ adapters measure, the schedule (``horovod_accordion.accordion``) asks the policy
 import math
 import warnings
 
-__all__ = ["AccordionPolicy", "ErrorBudget", "PhaseSchedule", "cheapest_levels", "make_policy"]
+__all__ = ["AccordionPolicy", "ErrorBudget", "PhaseSchedule", "cheapest_levels", "make_policy", "policy_for"]
 
 # The error budget is cut into this many units: see ``cheapest_levels`` for the gap it allows.
 BUDGET_UNITS = 1000
 
 
 class AccordionPolicy:
-    """Two levels: ℓ_low while a layer is critical, ℓ_high otherwise."""
+    """Two levels: ℓ_low while a layer is critical, ℓ_high otherwise.
 
-    reads_norms = True  # the detector's window norms decide
+    A policy of your own subclasses this one and overrides ``decide``. Its class attributes say
+    what the adapters must give it: ``reads_norms`` (the window norms, hence a Δ per layer and
+    the decay rule), ``measures_errors`` (``errors`` at each check) and ``weighs_costs``
+    (``costs``; it needs a ladder of more than one level, and is refused without one).
+    """
+
+    reads_norms = True
     measures_errors = False
-    weighs_costs = False  # whether it weighs each ladder level's bytes: then it needs a ladder to choose from
+    weighs_costs = False
 
     def decide(self, ladder, critical, window=0, current=None, errors=None, costs=None):
         return [ladder[0] if c else ladder[-1] for c in critical]
@@ -128,8 +134,9 @@ def policy_for(policy, ladder, batch_switch=False):
         raise ValueError(f"policy {policy!r} chooses compression levels: with batch_switch, keep the "
                          f"default policy='accordion'")
     if len(set(ladder)) < 2:
+        fixed = "no levels (it sends every layer whole)" if ladder[0] is None else f"one level ({ladder[0]})"
         raise ValueError(f"policy {policy!r} chooses each layer's level from a ladder, and this compression has "
-                         f"one level ({ladder[0]}): pass an adaptive one (PowerSGD(low, high), TopK(low, high), "
+                         f"{fixed}: pass an adaptive one (PowerSGD(low, high), TopK(low, high), "
                          f"or a ladder), or leave policy='accordion'")
     return policy
 

@@ -32,3 +32,13 @@ def test_a_fixed_level_needs_no_windows():
         warnings.simplefilter("error")
         for _ in range(NO_WINDOW_WARNING_STEPS):
             schedule.step_done()
+
+
+@pytest.mark.parametrize("lr_decay_factor", [2.0, None])
+def test_each_check_logs_its_windows_rate_with_or_without_the_decay_rule(lr_decay_factor):
+    """Without the decay rule the checks logged lr=None, so a plot of the run had no schedule."""
+    schedule = Accordion(["w"], (2, 1), interval=1, lr_decay_factor=lr_decay_factor)
+    for lr in (0.1, 0.1, 0.01):
+        schedule.observe_lr(lr)
+        schedule.end_window([1.0])
+    assert [record["lr"] for record in schedule.log.checks if record["event"] == "check"] == [0.1, 0.1, 0.01]

@@ -457,7 +457,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             rate since the last such drop puts every layer at ℓ_low until the next
             check. ``None`` disables the rule. See ``horovod_accordion.detector``.
         delta_windows, check_norm: what a check measures; see ``horovod_accordion.accordion.Accordion``.
-        verify_levels: debugging: at every check, compare the levels of all ranks and raise
+        verify_levels: debugging: whenever the levels are decided, compare those of all ranks and raise
             on every rank if they differ. ``None``: on if ``HOROVOD_ACCORDION_VERIFY_LEVELS=1``.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
         tensorboard_dir: rank 0 writes TensorBoard scalars there: bytes per step, and each
