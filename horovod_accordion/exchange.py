@@ -31,6 +31,10 @@ class BucketedExchange:
         accordion.attach(reducer)
         # The window's Δ and its non-finite counts; no Δ when nothing reads it.
         self.accumulated = [ops.delta_like(p) for p in params] if accordion.keeps_delta else []
+        # Whether the window now running adds to Δ: a level holder, so that a traced step (TF),
+        # frozen at its tracing, reads it at run time; the exchange sets it as windows close.
+        self.accumulating = ops.level(accordion.window_accumulates, "window_accumulates") \
+            if accordion.keeps_delta else None
         self.non_finite_counts = ops.counters(len(params)) if accordion.adaptive else None
         self.started = {}  # bucket -> its BucketReduction, for the step in progress
 
@@ -58,11 +62,17 @@ class BucketedExchange:
         ops = self.ops
         finite = ops.finite_flags(grads)
         ops.add_at(self.non_finite_counts, layers, ops.false_as_ones(finite))
-        # A traced step (TensorFlow) is frozen at the window it was traced in, so it adds every
-        # step; a window that feeds no check empties Δ at its end all the same.
-        if self.accumulated and (ops.traced or self.accordion.window_accumulates):
-            for k, layer in enumerate(layers):
-                ops.add_if(self.accumulated[layer], finite[k], grads[k])
+        if self.accumulated:
+            def accumulate():
+                for k, layer in enumerate(layers):
+                    ops.add_if(self.accumulated[layer], finite[k], grads[k])
+            ops.when(self.accumulating, accumulate)
+
+    def follow_schedule(self):
+        """After the schedule's windows moved (a window closed, a checkpoint was loaded): say
+        whether the window now running adds to Δ."""
+        if self.accumulating is not None:
+            self.ops.set_level(self.accumulating, self.accordion.window_accumulates)
 
     def finish(self):
         """Every started bucket's averages, as ``{layer: average}``. The step's buckets are
@@ -133,6 +143,7 @@ class BucketedExchange:
         if empty:
             for total in self.accumulated:
                 ops.zero(total)
+        self.follow_schedule()
         if self.non_finite_counts is not None:
             self._warn_non_finite(ops.to_floats(ops.read(self.non_finite_counts)))
             ops.zero(self.non_finite_counts)
@@ -159,7 +170,7 @@ class BucketedExchange:
             names = accordion.layer_names
             layers = sorted({names[k] for row in rows for k in range(len(names)) if row[k] != rows[0][k]})
             raise RuntimeError(
-                f"verify_levels: after the check at step {accordion.step}, rank(s) {ranks} of this process set "
+                f"verify_levels: after the levels were decided at step {accordion.step}, rank(s) {ranks} of this process set "
                 f"differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
 
     def state_dict(self):
@@ -202,6 +213,7 @@ class BucketedExchange:
         mine = saved["per_rank"]
         own = self._resolve_own(mine, own)
         self.accordion.load_state_dict(saved["schedule"])
+        self.follow_schedule()
         self.ops.import_state(shared, saved["reducer"])
         if own:
             self.ops.import_state(per_rank, mine["reducer"])

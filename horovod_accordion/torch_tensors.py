@@ -33,6 +33,12 @@ def summary_writer(logdir):
     return SummaryWriter(logdir)
 
 
+def _on_host(flag):
+    """Whether reading ``flag`` is free: on the CPU it is, and an ``if`` there spares the full-size
+    ``where`` that an accelerator needs to decide without waiting for the device."""
+    return flag.device.type == "cpu"
+
+
 class Level:
     """A layer's current level (rank or kept fraction), shared by reference."""
 
@@ -45,8 +51,6 @@ class TorchTensorOps:
     """Everything of an ops backend but the collectives, which subclasses add: ``size``,
     ``rank``, ``start_allreduce_mean`` and ``start_allgather``, each counting the bytes it
     sends in ``bytes_sent``."""
-
-    traced = False  # steps run eagerly: Python decides per step (see ``BucketedExchange``)
 
     def __init__(self, device="cpu"):
         self.device = device  # where the parameters, hence the compression state, live
@@ -140,11 +144,19 @@ class TorchTensorOps:
 
     def finite_or(self, value, fallback):
         """``value`` if all of it is finite, else ``fallback``."""
-        return torch.where(self.all_finite(value), value, fallback)
+        finite = self.all_finite(value)
+        if _on_host(finite):
+            return value if finite else fallback
+        return torch.where(finite, value, fallback)
 
     def assign_if_finite(self, state, value, also=None):
         """``state = value`` if all of ``value`` (and of ``also``) is finite, written in place."""
-        torch.where(self.all_finite(value, also), value, state, out=state)
+        finite = self.all_finite(value, also)
+        if _on_host(finite):
+            if finite:
+                state.copy_(value)
+        else:
+            torch.where(finite, value, state, out=state)
 
     def add_at(self, total, indices, values):
         """``total[indices] += values``; a run of consecutive indices (Horovod's buckets) is a view."""
@@ -163,7 +175,16 @@ class TorchTensorOps:
 
     def add_if(self, total, flag, value):
         """``total += value`` where the device flag ``flag`` is true, without a host sync."""
-        total.add_(torch.where(flag, value, 0.0))
+        if _on_host(flag):
+            if flag:
+                total.add_(value)
+        else:
+            total.add_(torch.where(flag, value, 0.0))
+
+    def when(self, flag, action):
+        """Run ``action`` if the level holder ``flag`` is true."""
+        if flag.value:
+            action()
 
     # Branches of the TopK wire format: plain Python here, tf.cond in TensorFlow.
     def cond(self, flag, if_true, if_false):

@@ -93,6 +93,7 @@ class AccordionState(tf.Module):
         self.reducer_variables = {f"{group}_{i}": holder for group, entries in self._reducer.state().items()
                                   for i, holder in entries.items()}
         self.accumulated = self._exchange.accumulated
+        self.window_accumulates = self._exchange.accumulating  # derived from the schedule, saved beside it
         self.non_finite_counts = self._exchange.non_finite_counts
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         if batch_switch is not None:
@@ -169,8 +170,8 @@ class AccordionState(tf.Module):
                   for i, holder in entries.items()}
         shared.update(steps=self.steps, schedule=self.schedule_json, check_history=self.check_history,
                       check_count=self.check_count)
-        for name in ("apply_now", "lr_factor", "pending_count", "passes"):
-            if hasattr(self, name):
+        for name in ("apply_now", "lr_factor", "pending_count", "passes", "window_accumulates"):
+            if getattr(self, name, None) is not None:
                 shared[name] = getattr(self, name)
         return shared
 
@@ -319,6 +320,7 @@ class AccordionState(tf.Module):
         # matched them by the object graph: keep this process's names.
         schedule["layer_names"] = self._schedule.layer_names
         self._schedule.load_state_dict(schedule)
+        self._exchange.follow_schedule()
         if self.batch_switch is not None:
             self._counter.load_state_dict(saved["micro_batches"])
 

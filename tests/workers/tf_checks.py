@@ -606,6 +606,23 @@ def traced_reduce(state, count):
     return step
 
 
+def check_delta_is_summed_only_in_windows_that_feed_a_check():
+    """As in torch: with a check every 3 windows, the traced step adds to Δ in the window before
+    each check only, read from a variable at run time. It added at every step of every window."""
+    variables = [tf.Variable(tf.zeros(shape)) for shape in SHAPES]
+    state = hvd.AccordionState(variables, compression=hvd.Compression.powersgd(2, 1), window_steps=1, interval=3)
+    count = [0]
+    step = traced_reduce(state, count)
+    summed = []
+    for k in range(7):
+        step([tf.constant(g) for g in rank_gradients(k)])
+        summed.append(any(float(tf.reduce_sum(tf.abs(total))) > 0 for total in state.accumulated))
+        state.step_end()
+    assert (summed, count[0]) == ([True, False, False, True, False, False, True], 1), (summed, count)
+    assert len(state.accordion_stats()["checks"]) == 3
+    return summed
+
+
 def check_topk_wire_switches_inside_one_traced_step():
     """TopK 0.99 goes through the allreduce and 0.1 as values and indices, chosen in the
     graph from the level variable: one trace, and the same results as forcing either way."""

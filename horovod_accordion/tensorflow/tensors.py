@@ -1,0 +1,197 @@
+"""TensorFlow tensor maths and state for the reducers; the collectives are in
+``horovod_accordion/tensorflow/ops.py``, as torch's are apart from ``horovod_accordion.torch_tensors``.
+
+Everything here is graph-safe: state and levels are ``tf.Variable``s, so the reducers
+run inside ``tf.function`` and a level switch (a variable assignment) reuses the traced
+graph. Compressed layers are computed and sent in fp32, as in the torch backend.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from horovod_accordion.compression import matrix_shape
+
+__all__ = ["TensorFlowTensorOps", "WIRE_DTYPES"]
+
+WIRE_DTYPES = {tf.bfloat16: tf.float32}  # Horovod's TF ops reject bf16
+
+
+class TensorFlowTensorOps:
+    """Everything of the TensorFlow ops backend but the collectives (``TensorFlowOps``)."""
+
+    # State that survives a step.
+    def state(self, array, name):
+        return tf.Variable(array.astype(np.float32), trainable=False, name=name)
+
+    def read(self, state):
+        return tf.convert_to_tensor(state)
+
+    def assign(self, state, value):
+        state.assign(value)
+
+    def zero(self, state):
+        state.assign(tf.zeros_like(state))
+
+    def level(self, value, name):
+        # TopK fractions are float64 so that k = floor(fraction·numel) equals Python's int().
+        dtype = tf.bool if isinstance(value, bool) else tf.float64 if isinstance(value, float) else tf.int32
+        return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+    def set_level(self, level, value):
+        level.assign(value)
+
+    def leading_columns(self, q, rank):
+        return q[:, :rank]
+
+    def random_normal(self, like, stream, counter):
+        """The ``counter``-th standard normal draw of ``stream``, shaped like ``like``, in the graph:
+        the same on every rank. Advances ``counter``."""
+        seed = tf.stack([tf.constant(stream, tf.int64), tf.cast(counter, tf.int64)])
+        value = tf.random.stateless_normal(tf.shape(like), seed=seed, dtype=like.dtype)
+        counter.assign_add(1)
+        return value
+
+    def assign_leading_columns(self, q, value):
+        q.assign(tf.concat([value, q[:, tf.shape(value)[1]:]], axis=1))
+
+    # Tensor maths.
+    def matrix_shape(self, shape):
+        """Output channels last: a conv kernel (kh, kw, in, out) is (kh·kw·in) × out, a plain reshape."""
+        return matrix_shape(shape, channels_last=True)
+
+    def as_matrix(self, grad, shape):
+        return tf.reshape(tf.cast(tf.convert_to_tensor(grad), tf.float32), shape)
+
+    def like(self, value, grad):
+        return tf.cast(tf.reshape(value, tf.shape(grad)), grad.dtype)
+
+    def matmul(self, a, b):
+        return tf.matmul(a, b)
+
+    def transpose(self, a):
+        return tf.transpose(a)
+
+    def orthogonalize(self, p):
+        return tf.linalg.qr(p)[0]
+
+    def kept_count(self, fraction, m):
+        numel = tf.cast(tf.size(m), tf.float64)
+        return tf.maximum(1, tf.cast(tf.floor(fraction * numel), tf.int32))
+
+    def top_abs_indices(self, m, k):
+        return tf.math.top_k(tf.abs(m), k, sorted=False).indices
+
+    def gather(self, m, indices):
+        return tf.gather(m, indices)
+
+    def zeroed_at(self, m, indices):
+        return tf.tensor_scatter_nd_update(m, indices[:, None], tf.zeros(tf.shape(indices), m.dtype))
+
+    def all_finite(self, *tensors):
+        """Whether every entry of the tensors (``None`` skipped) is finite, in the graph; the
+        sum's test, as in the torch backend."""
+        return tf.reduce_all([tf.math.is_finite(tf.reduce_sum(t)) for t in tensors if t is not None])
+
+    def finite_or(self, value, fallback):
+        """``value`` if all of it is finite, else ``fallback``."""
+        return tf.where(self.all_finite(value), value, fallback)
+
+    def assign_if_finite(self, state, value, also=None):
+        state.assign(tf.where(self.all_finite(value, also), value, state))
+
+    def add_at(self, total, indices, values):
+        total.scatter_add(tf.IndexedSlices(tf.cast(values, total.dtype), tf.constant(list(indices), tf.int32)))
+
+    def delta_like(self, variable):
+        return tf.Variable(tf.zeros(variable.shape, tf.float32), trainable=False, name="accumulated")
+
+    def counters(self, count):
+        return tf.Variable(tf.zeros(count), trainable=False, name="non_finite_counts")
+
+    def add_if(self, total, flag, value):
+        """``total += value`` where the device flag ``flag`` is true."""
+        total.assign_add(tf.cast(tf.where(flag, value, tf.zeros_like(value)), total.dtype))
+
+    def when(self, flag, action):
+        """Run ``action`` (assignments) if the boolean variable ``flag`` is true when the step runs."""
+        def run():
+            action()
+            return tf.constant(True)
+        tf.cond(tf.convert_to_tensor(flag), run, lambda: tf.constant(False))
+
+    # Branches of the TopK wire format, decided in the graph from the level in force.
+    def cond(self, flag, if_true, if_false):
+        return tf.cond(flag, if_true, if_false)
+
+    def constant_flag(self, value):
+        return tf.constant(value)
+
+    def any_flag(self, flags):
+        """The flags are decided in the graph, so the collective always runs (perhaps empty)."""
+        return True
+
+    def zero_count(self):
+        return tf.constant(0, tf.int32)
+
+    def empty_words(self):
+        return tf.zeros([0], tf.int32)
+
+    def empty_floats(self):
+        return tf.zeros([0], tf.float32)
+
+    def pack_indices(self, indices, dtype):
+        """Indices as int32 words: int16 ones two to a word (the last padded with 0)."""
+        if dtype == "int32":
+            return indices
+        narrow = tf.cast(indices, tf.int16)
+        narrow = tf.pad(narrow, [[0, tf.size(narrow) % 2]])
+        return tf.bitcast(tf.reshape(narrow, [-1, 2]), tf.int32)
+
+    def unpack_indices(self, words, count, dtype):
+        if dtype == "int32":
+            return words
+        narrow = tf.reshape(tf.bitcast(words, tf.int16), [tf.shape(words)[0], -1])
+        return tf.cast(narrow[:, :count], tf.int32)
+
+    def float_bits(self, values):
+        return tf.bitcast(values, tf.int32)
+
+    def bits_float(self, bits):
+        return tf.bitcast(tf.reshape(bits, [-1]), tf.float32)
+
+    def concat(self, tensors):
+        return tf.concat(tensors, axis=0)
+
+    def columns(self, matrix, start, stop):
+        return matrix[:, start:stop]
+
+    def scatter_mean(self, like, indices, values):
+        total = tf.tensor_scatter_nd_add(tf.zeros_like(like), tf.reshape(indices, [-1, 1]), values)
+        return total / tf.cast(tf.shape(indices)[0], like.dtype)
+
+    def squared_norms(self, tensors):
+        return tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float64))) for t in tensors])
+
+    def finite_flags(self, tensors):
+        """One flag per tensor: whether all of it is finite."""
+        return tf.stack([self.all_finite(t) for t in tensors])
+
+    def false_as_ones(self, flags):
+        return tf.cast(tf.logical_not(flags), tf.float32)
+
+    def to_floats(self, tensor):
+        return tensor.numpy().tolist()
+
+    def from_floats(self, values):
+        return tf.constant(values, tf.float64)
+
+    # What the collectives send.
+    def wire_dtype(self, tensor):
+        return WIRE_DTYPES.get(tensor.dtype, tensor.dtype).name
+
+    def flat_concat(self, tensors, wire_dtype):
+        return tf.concat([tf.reshape(tf.cast(t, wire_dtype), [-1]) for t in tensors], axis=0)
+
+    def split_like(self, flat, tensors):
+        chunks = tf.split(flat, [tf.size(t) for t in tensors])
+        return [tf.cast(tf.reshape(chunk, tf.shape(t)), t.dtype) for chunk, t in zip(chunks, tensors)]
