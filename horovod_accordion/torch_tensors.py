@@ -103,6 +103,12 @@ class TorchTensorOps:
         return value.reshape(grad.shape).to(grad.dtype)
 
     def matmul(self, a, b):
+        """``a @ b``. On the CPU, a product with a tall, thin right operand (M Q and Mᵀ P, r
+        columns) is computed as (bᵀ aᵀ)ᵀ with bᵀ contiguous: MKL's single-threaded sgemm took
+        5–9× longer for the same product at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A
+        GPU's BLAS reads either layout, where the copy of bᵀ would only add a kernel."""
+        if a.device.type == "cpu" and b.shape[1] < b.shape[0]:
+            return (b.T.contiguous() @ a.T).T
         return a @ b
 
     def transpose(self, a):
