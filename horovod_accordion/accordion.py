@@ -68,7 +68,8 @@ class Accordion:
             else sorted(compressed_layers)
         self.ladder = tuple(levels)
         self.low, self.high = self.ladder[0], self.ladder[-1]
-        self.policy = policy_for(policy, self.ladder, batch_switch=compressed_layers is None)
+        self.switches_batch = compressed_layers is None  # the levels are micro-batches per step
+        self.policy = policy_for(policy, self.ladder, batch_switch=self.switches_batch)
         self._reducer = None  # for the level costs, once ``attach`` gives it
         self.window_steps = window_steps
         self.delta_windows = delta_windows
@@ -89,7 +90,13 @@ class Accordion:
         if self.policy.weighs_costs:
             self._reducer = reducer
             self._levels = self._decide()
-        reducer.set_levels(self.levels)
+        self.apply_levels(reducer)
+
+    def apply_levels(self, reducer):
+        """Give ``reducer`` the levels now in force. A batch switch's levels are micro-batch
+        counts: its compression keeps the one level it was made with."""
+        if not self.switches_batch:
+            reducer.set_levels(self.levels)
 
     @property
     def level_costs(self):
@@ -169,6 +176,8 @@ class Accordion:
         if not self.adaptive:
             return False  # a fixed level: the user's loop closes windows all the same, for nothing
         window = self.detector.windows_seen
+        # The window's highest rate (None if none was observed), so that a log without epoch
+        # records still plots its schedule.
         lr = self.detector.lr_current_window
         if not self.policy.reads_norms:
             self.detector.pass_window()
@@ -178,8 +187,6 @@ class Accordion:
         if mean_squared_norms is None:
             return self.detector.end_window()
         norms = [math.sqrt(s) / scale if s >= 0 else float("nan") for s in mean_squared_norms]
-        # The window's highest rate (None if none was observed), so that a log without epoch
-        # records still plots its schedule.
         if not self.detector.end_window(norms):
             return False
         self._levels = self._decide(errors)

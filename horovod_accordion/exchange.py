@@ -42,7 +42,7 @@ class BucketedExchange:
         """Before a step's first bucket only: its later phases must run at the levels it
         started with, so a rate changed between backward and step counts from the next step."""
         if not self.started and self.accordion.observe_lr(lr):
-            self.reducer.set_levels(self.accordion.levels)
+            self.accordion.apply_levels(self.reducer)
 
     def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
@@ -68,9 +68,13 @@ class BucketedExchange:
                     ops.add_if(self.accumulated[layer], finite[k], grads[k])
             ops.when(self.accumulating, accumulate)
 
+    def load_schedule(self, schedule):
+        """Restore the schedule's ``state_dict()``: its windows, hence whether this one adds to Δ."""
+        self.accordion.load_state_dict(schedule)
+        self.follow_schedule()
+
     def follow_schedule(self):
-        """After the schedule's windows moved (a window closed, a checkpoint was loaded): say
-        whether the window now running adds to Δ."""
+        """After the schedule's windows moved: say whether the window now running adds to Δ."""
         if self.accumulating is not None:
             self.ops.set_level(self.accumulating, self.accordion.window_accumulates)
 
@@ -137,7 +141,7 @@ class BucketedExchange:
         else:
             decided = accordion.end_window()
         if decided:
-            reducer.set_levels(accordion.levels)
+            accordion.apply_levels(reducer)
             if accordion.verify_levels:
                 self.verify_same_levels()
         if empty:
@@ -170,8 +174,8 @@ class BucketedExchange:
             names = accordion.layer_names
             layers = sorted({names[k] for row in rows for k in range(len(names)) if row[k] != rows[0][k]})
             raise RuntimeError(
-                f"verify_levels: after the levels were decided at step {accordion.step}, rank(s) {ranks} of this process set "
-                f"differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
+                f"verify_levels: after the levels were decided at step {accordion.step}, rank(s) {ranks} of this "
+                f"process set differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
 
     def state_dict(self):
         """The schedule and the shared compression state (Q, levels), and in ``per_rank``
@@ -212,8 +216,7 @@ class BucketedExchange:
         shared, per_rank = split_state(self.reducer)
         mine = saved["per_rank"]
         own = self._resolve_own(mine, own)
-        self.accordion.load_state_dict(saved["schedule"])
-        self.follow_schedule()
+        self.load_schedule(saved["schedule"])
         self.ops.import_state(shared, saved["reducer"])
         if own:
             self.ops.import_state(per_rank, mine["reducer"])

@@ -46,7 +46,9 @@ class AccordionPolicy:
         return [ladder[0] if c else ladder[-1] for c in critical]
 
     def __repr__(self):
-        return "AccordionPolicy()"
+        """Checkpoints and the cross-rank check compare policies by this: a policy with
+        parameters names them in its own."""
+        return f"{type(self).__qualname__}()"
 
 
 class ErrorBudget(AccordionPolicy):
@@ -124,17 +126,17 @@ class PhaseSchedule(AccordionPolicy):
 
 
 def policy_for(policy, ladder, batch_switch=False):
-    """:func:`make_policy`, refusing a policy that weighs the levels' costs where it would have
-    nothing to choose: with a fixed level (a static or plain compression), or with a batch
-    switch (it chooses compression levels, not batch sizes)."""
+    """:func:`make_policy`, refusing a policy other than Accordion's with a batch switch (the
+    policies choose compression levels, not batch sizes), and one that weighs the levels' costs
+    where it has nothing to choose: with a fixed level (a static or plain compression)."""
     policy = make_policy(policy)
-    if not policy.weighs_costs:
-        return policy
-    if batch_switch:
+    if batch_switch and type(policy) is not AccordionPolicy:
         raise ValueError(f"policy {policy!r} chooses compression levels: with batch_switch, keep the "
                          f"default policy='accordion'")
+    if not policy.weighs_costs:
+        return policy
     if len(set(ladder)) < 2:
-        fixed = "no levels (it sends every layer whole)" if ladder[0] is None else f"one level ({ladder[0]})"
+        fixed = "no levels (every layer travels dense)" if ladder[0] is None else f"one level ({ladder[0]})"
         raise ValueError(f"policy {policy!r} chooses each layer's level from a ladder, and this compression has "
                          f"{fixed}: pass an adaptive one (PowerSGD(low, high), TopK(low, high), "
                          f"or a ladder), or leave policy='accordion'")

@@ -3,8 +3,10 @@
 A reducer averages a list of gradients over ranks at each layer's current level. The
 maths live here; the framework adapters supply a small ``ops`` backend (tensor ops,
 state that survives a step, and the fused collectives), so torch and TensorFlow run the
-same algorithm and a fix is made once. See ``horovod_accordion/torch/ops.py`` and
-``horovod_accordion/tensorflow/ops.py`` for the two backends.
+same algorithm and a fix is made once. The tensor maths are in
+``horovod_accordion/torch_tensors.py`` and ``horovod_accordion/tensorflow/tensors.py``; the
+collectives over them in ``torch/ops.py`` (Horovod), ``ddp/ops.py`` (torch.distributed) and
+``tensorflow/ops.py`` (Horovod).
 """
 
 import warnings

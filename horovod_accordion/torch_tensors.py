@@ -40,11 +40,12 @@ def _on_host(flag):
 
 
 class Level:
-    """A layer's current level (rank or kept fraction), shared by reference."""
+    """A value that a step reads and the bookkeeping between steps sets, shared by reference: a
+    layer's level (rank or kept fraction), its count of random Qs, whether the window adds to Δ.
+    TensorFlow's is a variable, so that its traced step reads the value in force."""
 
     def __init__(self, value):
         self.value = value
-
 
 
 class TorchTensorOps:
@@ -105,7 +106,7 @@ class TorchTensorOps:
     def matmul(self, a, b):
         """``a @ b``. On the CPU, a product with a tall, thin right operand (M Q and Mᵀ P, r
         columns) is computed as (bᵀ aᵀ)ᵀ with bᵀ contiguous: MKL's single-threaded sgemm took
-        5–9× longer for the same product at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A
+        4.6–8.9× longer for the same product at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A
         GPU's BLAS reads either layout, where the copy of bᵀ would only add a kernel."""
         if a.device.type == "cpu" and b.shape[1] < b.shape[0]:
             return (b.T.contiguous() @ a.T).T

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from horovod_accordion.accordion import Accordion
+from horovod_accordion.batch import BatchSwitch, schedule_arguments
 from horovod_accordion.compression import PowerSGD, TopK, kept_count
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.policies import (AccordionPolicy, ErrorBudget, PhaseSchedule, cheapest_levels,
-                                        make_policy)
-from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
+                                        make_policy, policy_for)
+from horovod_accordion.reducers import PowerSGDReducer, TopKReducer, make_reducer
 from horovod_accordion.torch_tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_cheapest, exhaustive_costs
@@ -271,3 +272,89 @@ def test_the_plot_draws_the_levels_of_a_log_without_norms(tmp_path):
     assert [pathlib.Path(p).name for p in run_figures(log, tmp_path / "out")] == ["levels.png"]
     with pytest.raises(ValueError, match="no norms"):
         run_figures(log, tmp_path / "out", layer="w")
+
+
+class LoneRankOps(TorchTensorOps):
+    """One rank, in fp32: every collective returns what this rank sent."""
+
+    def size(self):
+        return 1
+
+    def rank(self):
+        return 0
+
+    def start_allreduce_mean(self, flat, name, compression=None):
+        return types.SimpleNamespace(wait=lambda: flat)
+
+    def start_allgather(self, flat, name):
+        return types.SimpleNamespace(wait=lambda: flat.view(1, -1))
+
+
+LONE_SHAPES = [(20, 20), (20,), (60, 40)]
+
+
+def run_steps(exchange, steps, seed=0):
+    """``steps`` steps of gradients that only grow, each closing a window (``window_steps=1``)."""
+    rng = np.random.RandomState(seed)
+    for step in range(steps):
+        grads = [torch.from_numpy(rng.standard_normal(shape)).float() * (1 + step) for shape in LONE_SHAPES]
+        exchange.start(0, range(len(grads)), grads)
+        exchange.finish()
+        exchange.end_step()
+
+
+def lone_exchange(schedule, reducer):
+    return BucketedExchange(schedule, reducer, reducer.ops, [torch.zeros(shape) for shape in LONE_SHAPES])
+
+
+@pytest.mark.parametrize("compression", [PowerSGD(4, min_compression_rate=0), TopK(0.1)])
+def test_a_batch_switch_leaves_its_fixed_compression_at_its_level(compression):
+    """The schedule's levels are micro-batch counts there. They reached the reducer as its level:
+    PowerSGD ran at rank 1 or m, TopK at a fraction of 1.0 or m (an error)."""
+    reducer, levels = make_reducer(compression, LONE_SHAPES, LoneRankOps(), None)
+    schedule = Accordion(["w", "b", "v"], window_steps=1, interval=1,
+                         **schedule_arguments(BatchSwitch(8, 3), levels, reducer, 1, reducer.ops))
+    exchange = lone_exchange(schedule, reducer)
+
+    def compression_levels():
+        holders = reducer.ranks if isinstance(compression, PowerSGD) else reducer.fractions
+        return {holder.value for holder in holders.values()}
+
+    assert compression_levels() == {compression.levels[0]}
+    run_steps(exchange, 6)
+    assert 3 in schedule.levels  # the large batch was chosen: the switch happened
+    exchange.observe_lr(1.0)
+    exchange.observe_lr(0.1)  # a decay: back to the small batch
+    assert schedule.levels[0] == 1
+    assert compression_levels() == {compression.levels[0]}
+
+
+class MyPolicy(AccordionPolicy):
+    def decide(self, ladder, critical, window=0, current=None, errors=None, costs=None):
+        return [ladder[-1]] * len(critical)
+
+
+def test_a_policy_of_your_own_is_told_apart_from_accordions_and_refused_with_a_batch_switch():
+    """It inherited the repr "AccordionPolicy()", by which checkpoints and the cross-rank check
+    compare policies, and it passed with a batch switch, whose levels are no compression's."""
+    assert repr(MyPolicy()) == "MyPolicy()" and repr(AccordionPolicy()) == "AccordionPolicy()"
+    saved = accordion_with(None)[0].state_dict()
+    with pytest.raises(ValueError, match="policy"):
+        accordion_with(MyPolicy())[0].load_state_dict(saved)
+    with pytest.raises(ValueError, match="batch_switch"):
+        policy_for(MyPolicy(), (1, 3), batch_switch=True)
+
+
+def test_a_restored_schedule_says_whether_its_window_adds_to_delta():
+    """The flag that the step reads (a variable in a traced TF step) follows the loaded windows."""
+    def exchange():
+        schedule = Accordion(["w", "b", "v"], (4, 1), compressed_layers=[0, 2], window_steps=1, interval=3)
+        return lone_exchange(schedule, PowerSGDReducer(LONE_SHAPES, PowerSGD(4, 1, min_compression_rate=0), LoneRankOps()))
+
+    saved = exchange()
+    run_steps(saved, 2)  # windows 0 and 1 closed: window 2 feeds no check
+    assert saved.accumulating.value is False
+    resumed = exchange()
+    assert resumed.accumulating.value is True
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.accumulating.value is False

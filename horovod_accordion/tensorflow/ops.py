@@ -7,7 +7,7 @@ import horovod.tensorflow as hvd
 
 from horovod_accordion.arguments import under_elastic
 from horovod_accordion.process_sets import HorovodProcessSetOps
-from horovod_accordion.tensorflow.tensors import WIRE_DTYPES, TensorFlowTensorOps
+from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
 
 __all__ = ["TensorFlowOps"]
 
@@ -54,9 +54,7 @@ class TensorFlowOps(HorovodProcessSetOps, TensorFlowTensorOps):
         if not tensors:
             return _Done([])
         compression = compression or hvd.Compression.none
-        # bf16 travels as fp32: Horovod's TF ops reject bf16.
-        wires = [compression.compress(tf.cast(tensor, WIRE_DTYPES.get(tensor.dtype, tensor.dtype)))
-                 for tensor in tensors]
+        wires = [compression.compress(tf.cast(tensor, self.wire_dtype(tensor))) for tensor in tensors]
         self.bytes_sent.assign_add(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]))
         reduced = hvd.grouped_allreduce([wire for wire, _ in wires], name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                         prescale_factor=1.0 / self.gradient_predivide_factor,

@@ -319,8 +319,7 @@ class AccordionState(tf.Module):
         # Keras names variables by creation order (dense_3/kernel:0), while the checkpoint
         # matched them by the object graph: keep this process's names.
         schedule["layer_names"] = self._schedule.layer_names
-        self._schedule.load_state_dict(schedule)
-        self._exchange.follow_schedule()
+        self._exchange.load_schedule(schedule)
         if self.batch_switch is not None:
             self._counter.load_state_dict(saved["micro_batches"])
 

@@ -1,9 +1,10 @@
 """TensorFlow tensor maths and state for the reducers; the collectives are in
 ``horovod_accordion/tensorflow/ops.py``, as torch's are apart from ``horovod_accordion.torch_tensors``.
 
-Everything here is graph-safe: state and levels are ``tf.Variable``s, so the reducers
-run inside ``tf.function`` and a level switch (a variable assignment) reuses the traced
-graph. Compressed layers are computed and sent in fp32, as in the torch backend.
+What a step runs is graph-safe: state and levels are ``tf.Variable``s, so the reducers run
+inside ``tf.function`` and a level switch (a variable assignment) reuses the traced graph.
+``to_floats`` and ``from_floats`` are for the eager checks between steps. Compressed layers
+are computed in fp32, as in the torch backend.
 """
 
 import numpy as np
@@ -11,9 +12,9 @@ import tensorflow as tf
 
 from horovod_accordion.compression import matrix_shape
 
-__all__ = ["TensorFlowTensorOps", "WIRE_DTYPES"]
+__all__ = ["TensorFlowTensorOps"]
 
-WIRE_DTYPES = {tf.bfloat16: tf.float32}  # Horovod's TF ops reject bf16
+_WIRE_DTYPES = {tf.bfloat16: tf.float32}  # Horovod's TF ops reject bf16
 
 
 class TensorFlowTensorOps:
@@ -187,7 +188,7 @@ class TensorFlowTensorOps:
 
     # What the collectives send.
     def wire_dtype(self, tensor):
-        return WIRE_DTYPES.get(tensor.dtype, tensor.dtype).name
+        return _WIRE_DTYPES.get(tensor.dtype, tensor.dtype).name
 
     def flat_concat(self, tensors, wire_dtype):
         return tf.concat([tf.reshape(tf.cast(t, wire_dtype), [-1]) for t in tensors], axis=0)
