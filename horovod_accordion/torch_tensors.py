@@ -33,10 +33,11 @@ def summary_writer(logdir):
     return SummaryWriter(logdir)
 
 
-def _on_host(flag):
-    """Whether reading ``flag`` is free: on the CPU it is, and an ``if`` there spares the full-size
-    ``where`` that an accelerator needs to decide without waiting for the device."""
-    return flag.device.type == "cpu"
+def _on_cpu(tensor):
+    """Where the CPU path is cheaper: reading a flag costs nothing there, so an ``if`` spares the
+    full-size ``where`` that an accelerator needs to decide without waiting for the device; and
+    MKL wants a thin factor transposed (see ``matmul``)."""
+    return tensor.device.type == "cpu"
 
 
 class Level:
@@ -108,7 +109,7 @@ class TorchTensorOps:
         columns) is computed as (bᵀ aᵀ)ᵀ with bᵀ contiguous: MKL's single-threaded sgemm took
         4.6–8.9× longer for the same product at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A
         GPU's BLAS reads either layout, where the copy of bᵀ would only add a kernel."""
-        if a.device.type == "cpu" and b.shape[1] < b.shape[0]:
+        if _on_cpu(a) and b.shape[1] < b.shape[0]:
             return (b.T.contiguous() @ a.T).T
         return a @ b
 
@@ -152,14 +153,14 @@ class TorchTensorOps:
     def finite_or(self, value, fallback):
         """``value`` if all of it is finite, else ``fallback``."""
         finite = self.all_finite(value)
-        if _on_host(finite):
+        if _on_cpu(finite):
             return value if finite else fallback
         return torch.where(finite, value, fallback)
 
     def assign_if_finite(self, state, value, also=None):
         """``state = value`` if all of ``value`` (and of ``also``) is finite, written in place."""
         finite = self.all_finite(value, also)
-        if _on_host(finite):
+        if _on_cpu(finite):
             if finite:
                 state.copy_(value)
         else:
@@ -182,7 +183,7 @@ class TorchTensorOps:
 
     def add_if(self, total, flag, value):
         """``total += value`` where the device flag ``flag`` is true, without a host sync."""
-        if _on_host(flag):
+        if _on_cpu(flag):
             if flag:
                 total.add_(value)
         else:
