@@ -429,6 +429,29 @@ def check_batch_switch_traffic_lr_and_agreement_follow_the_controller():
     return {"bytes_per_epoch": bytes_per_epoch, "global_batch": [c["global_batch"] for c in checks]}
 
 
+def check_batch_switch_keeps_a_fixed_compression_at_its_level():
+    """The schedule's levels are micro-batches per step: they reached a fixed PowerSGD as its
+    rank (1 or m) and a fixed TopK as its fraction (1.0, or m, where topk raises)."""
+    x, y = rank_batch(0)
+    large_steps = {}
+    for name, compression in (("powersgd", Compression.powersgd(2)), ("topk", Compression.topk(0.1))):
+        model = make_model()
+        optimizer = batch_switch_optimizer(model, 0.01, BatchSwitch(small_batch=8, multiplier=4),
+                                           compression=compression, interval=1)
+        for epoch in range(3):
+            for micro in range(8):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+                optimizer.step()
+            optimizer.end_epoch()
+        micro_batches = [extra["micro_batches"] for extra in optimizer.accordion_stats()["steps_extra"]]
+        large_steps[name] = micro_batches.count(4)
+        assert large_steps[name] > 0, micro_batches  # the large batch ran
+        holders = optimizer._reducer.ranks if name == "powersgd" else optimizer._reducer.fractions
+        assert holders and {holder.value for holder in holders.values()} == {compression.levels[0]}, name
+    return large_steps
+
+
 EVERY_COMPRESSION = {
     "none": Compression.none, "fp16": Compression.fp16,
     "powersgd static": Compression.powersgd(2), "powersgd adaptive": Compression.powersgd(2, 1),
