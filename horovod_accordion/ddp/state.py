@@ -34,6 +34,7 @@ from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.policies import policy_for
 from horovod_accordion.reducers import DenseReducer, make_reducer
+from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch_compression import PlainCompressor
 from horovod_accordion.torch_tensors import summary_writer
 
@@ -122,7 +123,7 @@ class AccordionState:
 
     def _unbound(self):
         """The fields of a state not bound to parameters yet (new, or unpickled)."""
-        self._exchange = None
+        self._exchange = self._steps = None
         self._saved = getattr(self, "_saved", None)  # a state dict to restore once bound
         self._lr_before_binding = getattr(self, "_lr_before_binding", None)
         self._optimizer = None
@@ -159,6 +160,7 @@ class AccordionState:
         log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
         accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **self._schedule_options)
         self._exchange = BucketedExchange(accordion, reducer, self._ops, params)
+        self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch
         self._waiting = []
         if accordion.adaptive and accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
@@ -166,11 +168,11 @@ class AccordionState:
             try:
                 self.load_state_dict(self._saved)
             except ValueError:
-                self._exchange = None  # not half-bound: the state stays as it was, the checkpoint with it
+                self._exchange = self._steps = None  # not half-bound: the state stays as it was, the checkpoint with it
                 raise
             self._saved = None
         if self._lr_before_binding is not None:
-            self._exchange.observe_lr(self._lr_before_binding)
+            self._steps.observe_lr(self._lr_before_binding)
             self._lr_before_binding = None
 
     def _bind_to_first_buckets(self):
@@ -213,7 +215,7 @@ class AccordionState:
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given)."""
         if self.bound:
-            self._exchange.observe_lr(lr)
+            self._steps.observe_lr(lr)
         else:
             self._lr_before_binding = lr
 
@@ -297,7 +299,7 @@ class AccordionState:
 
     def _start(self, bucket):
         if self._optimizer is not None:
-            self._exchange.observe_lr(self._optimizer.param_groups[0]["lr"])
+            self._steps.observe_lr(self._optimizer.param_groups[0]["lr"])
         layers = [self._layer(p) for p in bucket.params]
         self._exchange.start(bucket.index, layers, bucket.grads,
                              reducer=self._plain if self.iter < self.start_iter else None)
@@ -319,7 +321,7 @@ class AccordionState:
             future.set_result(buffer)
         self._waiting = []
         self.iter += 1
-        self._exchange.end_step()
+        self._steps.end_steps()
 
 
 def _is_plain(compression):

@@ -17,10 +17,11 @@ from horovod.tensorflow.compression import Compressor
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import MicroBatchCounter, schedule_arguments
+from horovod_accordion.batch import schedule_arguments
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer, split_state
+from horovod_accordion.steps import StepDriver
 from horovod_accordion.tensorflow.ops import TensorFlowOps
 from horovod_accordion.tensorflow.summary import SummaryScalars
 
@@ -82,6 +83,7 @@ class AccordionState(tf.Module):
         schedule.update(schedule_arguments(batch_switch, levels, self._reducer, backward_passes_per_step, self._ops))
         self._schedule = Accordion(names, log=self._log, **schedule)
         self._exchange = BucketedExchange(self._schedule, self._reducer, self._ops, variables)
+        self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
         self._compression = compression
         self._variables = variables
         if not under_elastic():
@@ -97,8 +99,6 @@ class AccordionState(tf.Module):
         self.non_finite_counts = self._exchange.non_finite_counts
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         if batch_switch is not None:
-            self._counter = MicroBatchCounter(batch_switch)
-            self._step_record = None
             self.micro_batches_driven = False  # whether anything calls begin_micro_batch
             self.apply_now = tf.Variable(False, trainable=False, name="apply_now")
             self.lr_factor = tf.Variable(1.0, trainable=False, name="lr_factor")
@@ -155,7 +155,7 @@ class AccordionState(tf.Module):
         root = hvd.rank() == root_rank
         if self.batch_switch is not None:
             with self._python_state():
-                held = self._counter.held  # the micro-batches whose gradients this rank's pending sums hold
+                held = self._steps.micro_batches.held  # the micro-batches whose gradients this rank's pending sums hold
         values = hvd.broadcast_object({k: v.numpy() for k, v in shared.items()} if root else None,
                                       root_rank=root_rank, process_set=self._ops.process_set,
                                       name="accordion.shared_state")
@@ -163,7 +163,8 @@ class AccordionState(tf.Module):
             variable.assign(values[key])
         if self.batch_switch is not None:
             with self._python_state():  # the root's count: this rank divides by what it holds of it
-                self._counter.missing = max(self._counter.pending - held, 0)
+                counter = self._steps.micro_batches
+                counter.missing = max(counter.pending - held, 0)
 
     def _shared_variables(self):
         shared = {f"{group}_{i}": holder for group, entries in split_state(self._reducer)[0].items()
@@ -193,7 +194,7 @@ class AccordionState(tf.Module):
 
     @property
     def micro_batches_per_step(self):
-        return self._schedule.levels[0] if self.batch_switch is not None else 1
+        return self._steps.micro_batches_per_step
 
     def reduce(self, grads, micro_batches=None):
         """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
@@ -246,38 +247,29 @@ class AccordionState(tf.Module):
         """Before each micro-batch: observe the LR, and decide whether this micro-batch
         completes a step (``apply_now``), with how many micro-batches and which LR factor."""
         self.micro_batches_driven = True
-        self.observe_lr(lr)
         with self._python_state():  # the count of a large batch in progress is checkpointed
-            complete = self._counter.add(self.micro_batches_per_step)
-            held = self._counter.held
-            self._step_record = self._counter.complete_step() if complete else None
+            self._steps.new_micro_batch()
+            complete = self._steps.count_micro_batch(float(lr))
         self.apply_now.assign(complete)
         if complete:
-            self.pending_count.assign(float(held))
-            self.lr_factor.assign(self._step_record["lr_factor"])
+            self.pending_count.assign(float(self._steps.divisor or 1))
+            self.lr_factor.assign(self._steps.lr_factor)
 
     def end_micro_batch(self):
         """After each micro-batch: record the step it completed, if any."""
-        if self._step_record is not None:
-            record, self._step_record = self._step_record, None
-            self.step_end(**record)
+        if self._steps.completed is not None:
+            self.step_end()
 
     def observe_lr(self, lr):
         """Report the learning rate in force; a decay event puts every layer at ℓ_low."""
         with self._python_state():
-            self._exchange.observe_lr(float(lr))
+            self._steps.observe_lr(float(lr))
 
-    def step_end(self, **record):
-        """Record the traffic of the steps run since the last call; close step windows.
-        ``record`` (micro-batches, LR factor) describes the last of them."""
+    def step_end(self):
+        """Record the traffic of the steps run since the last call; close step windows. With a
+        batch switch, the last of them is the large batch that ``begin_micro_batch`` completed."""
         with self._python_state():
-            pending = int(self.steps.numpy()) - self._schedule.step
-            bytes_sent = self._ops.take_bytes_sent()
-            for k in range(pending):
-                last = k == pending - 1
-                passes = record.get("micro_batches", self.backward_passes_per_step)
-                self._exchange.end_step(passes if last else self.backward_passes_per_step, record if last else None,
-                                        bytes_sent=bytes_sent if last else 0)
+            self._steps.end_steps(int(self.steps.numpy()) - self._schedule.step)
 
     def end_epoch(self):
         """Close an epoch-long detection window; call it once per epoch, on every rank."""
@@ -308,7 +300,7 @@ class AccordionState(tf.Module):
         schedule = self._schedule.state_dict()
         del schedule["checks"]  # in check_history
         return json.dumps({"schedule": schedule,
-                           "micro_batches": self._counter.state_dict() if self.batch_switch else None})
+                           "micro_batches": self._steps.state_dict()})
 
     def _load(self, text):
         saved = json.loads(text)
@@ -320,8 +312,7 @@ class AccordionState(tf.Module):
         # matched them by the object graph: keep this process's names.
         schedule["layer_names"] = self._schedule.layer_names
         self._exchange.load_schedule(schedule)
-        if self.batch_switch is not None:
-            self._counter.load_state_dict(saved["micro_batches"])
+        self._steps.load_state_dict(saved["micro_batches"])
 
 
 class _MirroredPythonState:

@@ -29,11 +29,12 @@ from horovod.torch.compression import Compressor
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import MicroBatchCounter, schedule_arguments
+from horovod_accordion.batch import schedule_arguments
 from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
+from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch_compression import PlainCompressor
 from horovod_accordion.torch.ops import TorchOps
@@ -65,18 +66,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              name_prefix=collective_prefix(self._names))
         self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops,
                                              (Compressor, PlainCompressor))
-        self._batch_switch = batch_switch
         schedule = dict(accordion_options, **schedule_arguments(batch_switch, levels, self._reducer,
                                                                 backward_passes_per_step, self._ops))
         check_on_one_device(self._names, [p.device for p in self._params], schedule["levels"])
-        self._micro_batches = MicroBatchCounter(batch_switch) if batch_switch is not None else None
-        self._completes_large_batch = None  # this micro-batch's count, once synchronize() or step() took it
-        self._lr_factor = 1.0
         log_path, tensorboard_dir = schedule.pop("log_path"), schedule.pop("tensorboard_dir")
         self._accordion = Accordion(self._names, **schedule)
         # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
         self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
+        self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
         if self._accordion.adaptive and self._accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
         self._synchronized = False
@@ -117,8 +115,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         layer in it has all ``backward_passes_per_step`` passes. With ``batch_switch`` it only
         marks a new micro-batch, which ``synchronize()`` or ``step()`` will count: whether it
         completes the large batch is known only then."""
-        if self._micro_batches:
-            self._completes_large_batch = None
+        if self._steps.switches_batch:
+            self._steps.new_micro_batch()
             self._synchronized = False
             return
         self._passes[layer] += 1
@@ -136,11 +134,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._observe_lr()  # this step's levels, before its first collective
         layers = self._buckets[bucket]
         grads = [self._dense_grad(self._params[layer]) for layer in layers]
-        # The mean over a large batch, of the micro-batches whose gradients this rank holds; a
-        # single one is not divided, which would copy every gradient for nothing.
-        held = self._micro_batches.held if self._micro_batches else 1
-        divisor = held if held > 1 else None
-        self._exchange.start(bucket, layers, grads, divisor=divisor)
+        # The mean over a large batch, of the micro-batches whose gradients this rank holds.
+        self._exchange.start(bucket, layers, grads, divisor=self._steps.divisor)
 
     def synchronize(self):
         """Average the gradients over ranks, compressed at each layer's current level. Returns
@@ -154,7 +149,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return True
-        if self._micro_batches:
+        if self._steps.switches_batch:
             if self._synchronized:
                 return True  # this micro-batch's large batch is already averaged: no exchange of nothing
             if not self._count_micro_batch():
@@ -174,10 +169,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = grad.to_sparse()
             else:
                 p.grad.copy_(grad)
-        micro_batches = self._micro_batches.pending if self._micro_batches else self.backward_passes_per_step
-        record = self._micro_batches.complete_step() if self._micro_batches else {}
-        self._lr_factor = record.get("lr_factor", 1.0)
-        self._exchange.end_step(micro_batches, record)
+        self._steps.end_steps()
         self._synchronized = True
         return True
 
@@ -186,7 +178,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         small batch at once instead of after the current large batch. Not once this step's
         buckets have started: their later phases must run at the levels they started with,
         so a rate changed between backward and step counts from the next step."""
-        self._exchange.observe_lr(self.param_groups[0]["lr"])
+        self._steps.observe_lr(self.param_groups[0]["lr"])
 
     def _dense_grad(self, p):
         if p.grad is None:
@@ -208,7 +200,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @property
     def micro_batches_per_step(self):
         """How many micro-batches (``step()`` calls) make one communication now."""
-        return self._accordion.levels[0] if self._batch_switch is not None else 1
+        return self._steps.micro_batches_per_step
 
     @property
     def levels(self):
@@ -233,15 +225,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _count_micro_batch(self):
         """Count this micro-batch once, whichever of ``synchronize()`` and ``step()`` comes
         first; whether it completes the large batch."""
-        if self._completes_large_batch is None:
-            self._observe_lr()
-            self._completes_large_batch = self._micro_batches.add(self.micro_batches_per_step)
-        return self._completes_large_batch
+        return self._steps.count_micro_batch(self.param_groups[0]["lr"])
 
     def step(self, closure=None):
         self._observe_lr()
-        if self._micro_batches and not self._count_micro_batch():
-            self._completes_large_batch = None
+        if self._steps.switches_batch and not self._count_micro_batch():
+            self._steps.new_micro_batch()
             return None  # keep accumulating this large batch
         if self._should_synchronize:
             if self._synchronized:
@@ -249,10 +238,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "after optimizer.synchronize(); the gradients are averaged twice")
             self.synchronize()
         self._synchronized = False
-        self._completes_large_batch = None
-        if self._batch_switch is None:
+        self._steps.new_micro_batch()
+        if not self._steps.switches_batch:
             return super(self.__class__, self).step(closure)
-        return self._step_with_lr_factor(closure, self._lr_factor)
+        return self._step_with_lr_factor(closure, self._steps.lr_factor)
 
     def _step_with_lr_factor(self, closure, factor):
         """Scale the LR for this step only: the user's scheduler keeps owning the base LR,
@@ -271,8 +260,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
-        self._completes_large_batch = None  # a new micro-batch, even where no step() followed synchronize()
-        if self._micro_batches and self._micro_batches.pending > 0:
+        self._steps.new_micro_batch()  # even where no step() followed synchronize()
+        if self._steps.pending_micro_batches > 0:
             return  # mid-way through a large batch: the micro-batch gradients must add up
         super(self.__class__, self).zero_grad(set_to_none)
 
@@ -281,13 +270,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         is this rank's own (error-feedback memory, TopK residuals, the window's Δ, the
         gradients of a large batch in progress): save one file per rank to resume exactly."""
         state = super(self.__class__, self).state_dict()
-        pending = self._micro_batches is not None and self._micro_batches.pending > 0
+        pending = self._steps.pending_micro_batches > 0
         state["accordion"] = self._exchange.state_dict()
-        state["accordion"]["micro_batches"] = self._micro_batches.state_dict() if self._micro_batches else None
+        state["accordion"]["micro_batches"] = self._steps.state_dict()
         state["accordion"]["per_rank"].update(
             owner=self._owner,
             gradients=[None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
-            held=self._micro_batches.held if self._micro_batches else None)
+            held=self._steps.micro_batches.held if self._steps.switches_batch else None)
         return state
 
     def load_state_dict(self, state_dict):
@@ -299,14 +288,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         accordion_state = state_dict.pop("accordion", None)
         if accordion_state is not None:  # checked first: a mismatch leaves this optimizer as it was
             self._exchange.check_compatible(accordion_state, self._owns(accordion_state))
-            if (accordion_state["micro_batches"] is None) != (self._micro_batches is None):
-                raise ValueError("the checkpoint was saved with batch_switch and this optimizer has none, or the "
-                                 "reverse")
+            self._steps.check_compatible(accordion_state["micro_batches"])
         super(self.__class__, self).load_state_dict(state_dict)
         if accordion_state is not None:
             self._load_accordion_state(accordion_state)
         self._synchronized = False
-        self._completes_large_batch = None
+        self._steps.reset()
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
         self._ops.take_bytes_sent()  # and their traffic is no step's
 
@@ -319,9 +306,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _load_accordion_state(self, saved):
         mine, own = saved["per_rank"], self._owns(saved)
         self._exchange.load_state_dict(saved, own)
-        if self._micro_batches:
-            # A rank that takes another's count without its gradients divides by what it holds.
-            self._micro_batches.load_state_dict(saved["micro_batches"], held=mine.get("held") if own else 0)
+        # A rank that takes another's count without its gradients divides by what it holds.
+        self._steps.load_state_dict(saved["micro_batches"], held=mine.get("held") if own else 0)
         if own and mine["gradients"] is not None:
             for p, grad in zip(self._params, mine["gradients"]):
                 p.grad = None if grad is None else grad.to(p.device)

@@ -47,7 +47,7 @@ def train_to_the_restart_point(name, model, optimizer):
     micro-batches into a large batch. Returns that step."""
     step = 0
     while (step < 8) if name != "batch" else not (
-            optimizer.micro_batches_per_step == 4 and optimizer._micro_batches.pending == 2):
+            optimizer.micro_batches_per_step == 4 and optimizer._steps.pending_micro_batches == 2):
         train_step(model, optimizer, step)
         step += 1
         if step > 100:

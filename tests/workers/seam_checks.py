@@ -366,7 +366,7 @@ def check_a_rank_restored_without_its_pending_micro_batches_averages_what_it_hol
     model = make_model()
     optimizer = build(model)
     step = 0
-    while not (optimizer.micro_batches_per_step == 4 and optimizer._micro_batches.pending == 2):
+    while not (optimizer.micro_batches_per_step == 4 and optimizer._steps.pending_micro_batches == 2):
         optimizer.zero_grad()
         micro_batch_loss(model, step).backward()
         optimizer.step()
@@ -489,7 +489,7 @@ def check_tf_rank_restored_without_its_pending_micro_batches_averages_what_it_ho
         return averaged
 
     first, k = build(), 0
-    while not (first.micro_batches_per_step == 4 and first._counter.pending == 2):
+    while not (first.micro_batches_per_step == 4 and first._steps.pending_micro_batches == 2):
         micro_batch(first, k)
         k += 1
         assert k < 50, "the large batch never came"

@@ -56,7 +56,7 @@ class CheckpointEveryEpoch(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer).write(f"{self.prefix}.epoch{epoch + 1}")
         state = self.model.optimizer.accordion_state
-        self.pending.append(state._counter.pending if state.batch_switch else None)
+        self.pending.append(state._steps.pending_micro_batches if state.batch_switch else None)
         with open(self.prefix + ".json", "w") as stream:
             json.dump(self.pending, stream)
 

@@ -386,7 +386,7 @@ def check_batch_switch_state_dict_carries_a_large_batch_in_progress():
     model = make_model()
     optimizer = build(model)
     step = 0
-    while not (optimizer.micro_batches_per_step == 4 and optimizer._micro_batches.pending == 2):
+    while not (optimizer.micro_batches_per_step == 4 and optimizer._steps.pending_micro_batches == 2):
         micro_batch(model, optimizer, step)
         step += 1
         assert step < 100, "the large batch never came"
