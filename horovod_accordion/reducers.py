@@ -115,7 +115,8 @@ class BucketReduction:
 
     @staticmethod
     def finish(reductions):
-        """Every started bucket's outputs, as one ``{layer: average}``."""
+        """Every started bucket's outputs, as one ``{layer: average}``. An average may be a view
+        of a buffer that the next step overwrites (``pack_products``): copy what you keep."""
         running = list(reductions)
         while running:
             running = [reduction for reduction in running if reduction.advance()]
@@ -262,20 +263,23 @@ class PowerSGDReducer(_Reducer):
         ops = self.ops
         compressed = [(i, g) for i, g in zip(layers, grads) if i in self.ranks]
         dense = [(i, g) for i, g in zip(layers, grads) if i not in self.ranks]
-        matrices, ps = [], []
+        matrices = []
         for i, grad in compressed:
             m = ops.as_matrix(grad, self.matrices[i])
             if self.config.use_error_feedback:
                 m = m + ops.read(self.memory[i])
             matrices.append(m)
-            ps.append(ops.matmul(m, ops.leading_columns(self.q[i], self.ranks[i])))
-        pending = start_fused_allreduce_mean(ops, ps + [g for _, g in dense], f"powersgd.P{name}")
+        # P = M Q of every layer, and the bucket's 1-D gradients, in the buffer the allreduce reads.
+        queries = [ops.leading_columns(self.q[i], self.ranks[i]) for i, _ in compressed]
+        pending = start_fused_allreduce_mean(
+            ops, ops.pack_products(f"P{name}", list(zip(matrices, queries)), [g for _, g in dense]),
+            f"powersgd.P{name}")
         yield
         reduced = pending.wait()
-        outputs = {i: value for (i, _), value in zip(dense, reduced[len(ps):])}
-        ps = [ops.orthogonalize(p) for p in reduced[:len(ps)]]
-        pending = start_fused_allreduce_mean(ops, [ops.matmul(ops.transpose(m), p) for m, p in zip(matrices, ps)],
-                                             f"powersgd.Q{name}")
+        outputs = {i: value for (i, _), value in zip(dense, reduced[len(matrices):])}
+        ps = [ops.orthogonalize(p) for p in reduced[:len(matrices)]]
+        products = [(ops.transpose(m), p) for m, p in zip(matrices, ps)]
+        pending = start_fused_allreduce_mean(ops, ops.pack_products(f"Q{name}", products, []), f"powersgd.Q{name}")
         yield
         for (i, grad), m, p, q in zip(compressed, matrices, ps, pending.wait()):
             approximation = ops.matmul(p, ops.transpose(q))

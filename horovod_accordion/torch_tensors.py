@@ -57,6 +57,7 @@ class TorchTensorOps:
     def __init__(self, device="cpu"):
         self.device = device  # where the parameters, hence the compression state, live
         self.bytes_sent = 0
+        self._buffers = {}  # each bucket phase's flat buffer (``pack_products``), by name
 
     # State that survives a step.
     def state(self, array, name):
@@ -104,14 +105,17 @@ class TorchTensorOps:
     def like(self, value, grad):
         return value.reshape(grad.shape).to(grad.dtype)
 
-    def matmul(self, a, b):
-        """``a @ b``. On the CPU, a product with a tall, thin right operand (M Q and Mᵀ P, r
-        columns) is computed as (bᵀ aᵀ)ᵀ with bᵀ contiguous: MKL's single-threaded sgemm took
-        4.6–8.9× longer for the same product at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A
-        GPU's BLAS reads either layout, where the copy of bᵀ would only add a kernel."""
-        if _on_cpu(a) and b.shape[1] < b.shape[0]:
-            return (b.T.contiguous() @ a.T).T
-        return a @ b
+    def matmul(self, a, b, out=None):
+        """``a @ b``, written into ``out`` (a flat tensor of its size) if given. On the CPU, a
+        product with a tall, thin right operand (M Q and Mᵀ P, r columns) is computed as (bᵀ aᵀ)ᵀ
+        with bᵀ contiguous: MKL's single-threaded sgemm took 4.6–8.9× longer for the same product
+        at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A GPU's BLAS reads either layout, where
+        the copy of bᵀ would only add a kernel."""
+        (rows, _), (_, columns) = a.shape, b.shape
+        if _on_cpu(a) and columns < b.shape[0]:
+            product_t = None if out is None else out.view(columns, rows)
+            return torch.matmul(b.T.contiguous(), a.T, out=product_t).T
+        return torch.matmul(a, b, out=None if out is None else out.view(rows, columns))
 
     def transpose(self, a):
         return a.T
@@ -267,12 +271,45 @@ class TorchTensorOps:
     def wire_dtype(self, tensor):
         return str(_WIRE_DTYPES.get(tensor.dtype, tensor.dtype)).replace("torch.", "")
 
+    def pack_products(self, name, products, tensors):
+        """``[a @ b for a, b in products] + tensors``, the products computed into one flat buffer
+        kept for ``name`` across steps and the tensors of their dtype copied in after them, as
+        torch's PowerSGD hook computes a bucket's P and Q into its own: the allreduce then reads
+        the buffer whole, with no ``cat``, and averages them in place. A tensor of another dtype
+        is returned as it is, for the collective of its wire dtype."""
+        if not products:
+            return list(tensors)
+        dtype = products[0][0].dtype
+        sizes = [a.shape[0] * b.shape[1] for a, b in products] + [t.numel() for t in tensors if t.dtype == dtype]
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() != sum(sizes) or buffer.dtype != dtype:  # a new level, DDP's new buckets
+            buffer = self._buffers[name] = torch.empty(sum(sizes), dtype=dtype, device=self.device)
+        chunks = iter(buffer.split(sizes))
+        out = [self.matmul(a, b, out=next(chunks)) for a, b in products]
+        return out + [next(chunks).view(t.shape).copy_(t) if t.dtype == dtype else t for t in tensors]
+
+    def _packed_buffer(self, tensors):
+        """The ``pack_products`` buffer that ``tensors`` fill exactly, in order, or ``None``."""
+        base = tensors[0]._base
+        if base is None or not any(base is buffer for buffer in self._buffers.values()):
+            return None
+        offset = 0
+        for t in tensors:
+            if t._base is not base or t.storage_offset() != offset:
+                return None
+            offset += t.numel()
+        return base if offset == base.numel() else None
+
     def flat_concat(self, tensors, wire_dtype):
-        """The tensors as one flat buffer, which the collectives overwrite with their result. A
-        lone contiguous tensor already in ``wire_dtype`` is its own buffer, with no copy, as
-        Horovod's optimizer reduces ``p.grad`` in place: the reducers only pass tensors whose
-        average replaces them (gradients) or that are theirs (P, Q)."""
+        """The tensors as one flat buffer, which the collectives overwrite with their result.
+        The tensors of a ``pack_products`` buffer are that buffer, and a lone contiguous tensor
+        already in ``wire_dtype`` is its own, with no copy, as Horovod's optimizer reduces
+        ``p.grad`` in place: the reducers only pass tensors whose average replaces them
+        (gradients) or that are theirs (P, Q)."""
         dtype = getattr(torch, wire_dtype)
+        packed = self._packed_buffer(tensors)
+        if packed is not None and packed.dtype == dtype:
+            return packed
         if len(tensors) == 1 and tensors[0].dtype == dtype and tensors[0].is_contiguous():
             return tensors[0].view(-1)
         return torch.cat([t.reshape(-1).to(dtype) for t in tensors])
@@ -282,6 +319,8 @@ class TorchTensorOps:
         return start_fused_allreduce_mean(self, tensors, name, compression)
 
     def split_like(self, flat, tensors):
+        if flat is self._packed_buffer(tensors):
+            return list(tensors)  # averaged in place, each in its own layout
         chunks = flat.split([t.numel() for t in tensors])
         return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
 

@@ -69,6 +69,10 @@ class TensorFlowTensorOps:
     def matmul(self, a, b):
         return tf.matmul(a, b)
 
+    def pack_products(self, name, products, tensors):
+        """``[a @ b for a, b in products] + tensors``: a traced step has no buffers to keep."""
+        return [tf.matmul(a, b) for a, b in products] + list(tensors)
+
     def transpose(self, a):
         return tf.transpose(a)
 

@@ -164,7 +164,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for layer, p in enumerate(self._params):
             grad = averaged[layer] * self._ops.size() if self.op == hvd.Sum else averaged[layer]
             if p.grad is None:
-                p.grad = grad
+                p.grad = grad.clone()  # the average may be a view of a buffer that the next step reuses
             elif p.grad.is_sparse:
                 p.grad = grad.to_sparse()
             else:

@@ -452,6 +452,30 @@ def check_batch_switch_keeps_a_fixed_compression_at_its_level():
     return large_steps
 
 
+def check_powersgd_computes_p_and_q_into_buffers_kept_across_steps():
+    """As torch's hook: M Q and Mᵀ P are written into each bucket's P and Q buffers, which the
+    allreduce reads whole (no ``cat``) and which later steps reuse. The average handed to a
+    parameter that had no gradient is a tensor of its own, not a view of a buffer that the next
+    step overwrites."""
+    model = make_model()
+    unused = torch.nn.Parameter(torch.zeros(7))
+    named = list(model.named_parameters()) + [("unused", unused)]
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named,
+                                         compression=Compression.powersgd(2, min_compression_rate=0))
+    train(model, optimizer, 1)
+    buffers = optimizer._ops._buffers
+    first = {name: buffer.data_ptr() for name, buffer in buffers.items()}
+    assert sorted(first) == ["P.b0", "Q.b0"], sorted(first)
+    storages = {buffer.untyped_storage().data_ptr() for buffer in buffers.values()}
+    assert unused.grad is not None and unused.grad.untyped_storage().data_ptr() not in storages
+    with torch.profiler.profile() as profile:
+        train(model, optimizer, 2)
+    cats = [event.name for event in profile.events() if event.name == "aten::cat"]
+    assert not cats, f"{len(cats)} cat calls in 2 steps"
+    assert {name: buffer.data_ptr() for name, buffer in buffers.items()} == first
+    return {name: buffer.numel() for name, buffer in buffers.items()}
+
+
 EVERY_COMPRESSION = {
     "none": Compression.none, "fp16": Compression.fp16,
     "powersgd static": Compression.powersgd(2), "powersgd adaptive": Compression.powersgd(2, 1),
