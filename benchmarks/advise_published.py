@@ -265,8 +265,8 @@ GROUPS = [
     ("GoogLeNet", "CIFAR-10", googlenet_shapes(10),
      Table(5, Level("batch 512", 12449, 181.28 * B, ("dense", SMALL_BATCH)),
            Level("batch 4096", 3386, 22.19 * B, ("dense", LARGE_BATCH)), Level("Accordion", 6220, 32.68 * B)),
-     [Table(3, Level("K = 99 %", 28476, 1430.9 * B, ("topk", 0.99)), Level("K = 10 %", 13111, 145.2 * B, ("topk", 0.10)),
-            Level("Accordion", 16022, 383.8 * B))]),
+     [Table(3, Level("K = 99 %", 28476, 1430.9 * B, ("topk", 0.99)),
+            Level("K = 10 %", 13111, 145.2 * B, ("topk", 0.10)), Level("Accordion", 16022, 383.8 * B))]),
     ("DenseNet", "CIFAR-10", densenet_shapes(10),
      Table(5, Level("batch 512", 14489, 29.4 * B, ("dense", SMALL_BATCH)),
            Level("batch 4096", 2759, 3.6 * B, ("dense", LARGE_BATCH)), Level("Accordion", 3547, 5.3 * B)),
@@ -281,8 +281,8 @@ GROUPS = [
     ("GoogLeNet", "CIFAR-100", googlenet_shapes(100),
      Table(6, Level("batch 512", 12443, 182.1 * B, ("dense", SMALL_BATCH)),
            Level("batch 4096", 5755, 22.5 * B, ("dense", LARGE_BATCH)), Level("Accordion", 6228, 33.1 * B)),
-     [Table(4, Level("K = 99 %", 28579, 1452.4 * B, ("topk", 0.99)), Level("K = 25 %", 12810, 367.3 * B, ("topk", 0.25)),
-            Level("Accordion", 15639, 539.9 * B))]),
+     [Table(4, Level("K = 99 %", 28579, 1452.4 * B, ("topk", 0.99)),
+            Level("K = 25 %", 12810, 367.3 * B, ("topk", 0.25)), Level("Accordion", 15639, 539.9 * B))]),
     ("DenseNet", "CIFAR-100", densenet_shapes(100),
      Table(6, Level("batch 512", 14928, 30.126 * B, ("dense", SMALL_BATCH)),
            Level("batch 4096", 2775, 3.72 * B, ("dense", LARGE_BATCH)), Level("Accordion", 3585, 5.48 * B)),
@@ -402,7 +402,8 @@ def describe_group(model, dataset, shapes, batch_table):
         "parameters": sum(map(numel, shapes)), "tensors": len(shapes),
         "matrices": sum(1 for s in shapes if len(s) > 1),
         "gradient_mb": 4 * sum(map(numel, shapes)) / 1e6,
-        "steps_per_epoch": {"batch 512": small.steps, "batch 4096": large.steps, "compressed": COMPRESSED_STEPS_PER_EPOCH},
+        "steps_per_epoch": {"batch 512": small.steps, "batch 4096": large.steps,
+                            "compressed": COMPRESSED_STEPS_PER_EPOCH},
         "dense_wire_ms_stated": 1e3 * wire_seconds(small.collectives, link),
         "stated": {"link": link, "compute_per_sample_s": stated_compute},
         "latency_fitted": {"link": fitted_link, "compute_per_sample_s": fitted_compute},
@@ -509,8 +510,8 @@ def why(group, table, target, variant, predicted_ms, published_ms, published_mix
                      f"against the {table.accordion.seconds:.0f} s published.")
         return text
     return ("PowerSGD's two ranks send 0.2-0.5 MB a step, under a millisecond at 10 Gbit/s, so "
-            "the model predicts no difference; the published difference comes from what it leaves out "
-            "(rank-r products and orthogonalisation per layer).")
+            "the model predicts no difference; the published difference most likely comes from what it leaves "
+            "out (the rank-r products and orthogonalisation, layer by layer).")
 
 
 def exchange_words(table):
@@ -529,8 +530,9 @@ NOT_PREDICTED = [
                "ResNet-18 on CIFAR-10, 16 workers, and the timing breakdown (Table 5, 1-16 workers)",
      "address": "https://arxiv.org/abs/1905.13727; https://github.com/epfml/powersgd/blob/master/hyperparameters.md",
      "found": "Only second-hand: 'Rank-2 PowerSGD achieves 23% faster per-batch training than uncompressed SGD "
-              "on ResNet18/Cifar10 with no accuracy loss. Holds when: 16 GPUs, NCCL backend, rank r=2.' "
-              "(a reading note in a public repository, found by text search, repository not named by the index). "
+              "on ResNet18/Cifar10 with no accuracy loss. *Holds when:* 16 GPUs, NCCL backend, rank r=2.' "
+              "(line breaks joined; a reading note in a public repository, found by text search, its repository "
+              "not named by the index). "
               "The authors' hyperparameters.md confirms 'n_workers: 16', 'distributed_backend: nccl', "
               "'optimizer_batch_size: 128' for the timing tables, and nothing about the machines.",
      "why_not": "The paper's text, its GPUs and its network were not reachable; without them there is no "
@@ -550,8 +552,8 @@ NOT_PREDICTED = [
                 "advisor does not model."},
     {"source": "Agarwal, Wang, Venkataraman, Papailiopoulos: On the Utility of Gradient Compression in "
                "Distributed Training Systems (MLSys 2022), arXiv 2103.00543",
-     "address": "https://proceedings.mlsys.org/paper_files/paper/2022/hash/773862fcc2e29f650d68960ba5bd1101-Abstract.html; "
-                "https://github.com/uw-mad-dash/GradCompressionUtility",
+     "address": "https://proceedings.mlsys.org/paper_files/paper/2022/hash/"
+                "773862fcc2e29f650d68960ba5bd1101-Abstract.html; https://github.com/uw-mad-dash/GradCompressionUtility",
      "found": "The abstract only ('only in 6 cases out of more than 200'); the repository's launcher uses "
               "'\"instance_type\": \"p3.8xlarge\", \"instance_count\": 16', and holds no results.",
      "why_not": "The paper's timing tables were not reachable."},
@@ -596,7 +598,8 @@ def calibration_record(group, tables):
                    "dense_step_wire_ms": round(group["dense_wire_ms_stated"], 1)},
         "latency_fitted": {"link_gbit": group["latency_fitted"]["link"].bits_per_s / 1e9,
                            "latency_us": round(group["alpha_fitted_us"], 1),
-                           "compute_ms_per_128_samples": round(1e3 * 128 * group["latency_fitted"]["compute_per_sample_s"], 1)},
+                           "compute_ms_per_128_samples":
+                               round(1e3 * 128 * group["latency_fitted"]["compute_per_sample_s"], 1)},
         "bandwidth_that_would_fit_instead_gbit": round(group["bandwidth_that_would_fit_gbit"], 3),
     }
 
@@ -607,8 +610,7 @@ def main():
         group = describe_group(model, dataset, shapes, batch_table)
         calibrations.append(calibration_record(group, compressed_tables))
         for table in compressed_tables + [batch_table]:
-            rows.append(predict_table(group, table, batch_table))
-    rows = [row for table_rows in rows for row in table_rows]
+            rows.extend(predict_table(group, table, batch_table))
     rows.sort(key=lambda row: row["id"])
     result = {
         "command": COMMAND,
@@ -645,9 +647,10 @@ def main():
     print(json.dumps(result["summary"], indent=1, ensure_ascii=False))
     for row in rows:
         fitted = row["latency_fitted"]
+        role = "" if fitted["role"] == "prediction" else f", {fitted['role']}"
         print(f"{row['id']:<66} published {row['published']['speedup']:6.3f}  stated {row['predicted_speedup']:6.3f} "
               f"({row['relative_miss']:+.0%})  fitted {fitted['predicted_speedup']:6.3f} "
-              f"({format(fitted['relative_miss'], '+.0%')}{'' if fitted['role'] == 'prediction' else ', ' + fitted['role']})")
+              f"({fitted['relative_miss']:+.0%}{role})")
 
 
 if __name__ == "__main__":
