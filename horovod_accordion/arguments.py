@@ -79,14 +79,14 @@ def exchange_signature(names, shapes, dtypes, compression, policy):
             "compression": repr(compression), "policy": repr(policy)}
 
 
-def check_same_exchange_on_all_ranks(ops, names, shapes, dtypes, compression, policy):
-    """A collective, through ``ops``' ``broadcast_object`` and ``sum_over_ranks``: every rank
-    must exchange the same tensors, in the same order, with the same compression and level
-    policy. Then every rank takes the first rank's collective names (``ops.name_prefix``),
+def check_same_exchange_on_all_ranks(collectives, names, shapes, dtypes, compression, policy):
+    """A collective, through ``collectives``' ``broadcast_object`` and ``sum_over_ranks``: every
+    rank must exchange the same tensors, in the same order, with the same compression and level
+    policy. Then every rank takes the first rank's collective names (``collectives.name_prefix``),
     whatever other exchanges each process has built before."""
     check_same_on_all_ranks(exchange_signature(names, shapes, [str(d) for d in dtypes], compression, policy),
-                            ops.rank(), ops.broadcast_object, ops.sum_over_ranks)
-    ops.name_prefix = ops.broadcast_object(ops.name_prefix)
+                            collectives.rank(), collectives.broadcast_object, collectives.sum_over_ranks)
+    collectives.name_prefix = collectives.broadcast_object(collectives.name_prefix)
 
 
 def check_same_on_all_ranks(local, rank, broadcast_from_root, sum_over_ranks):

@@ -121,7 +121,7 @@ class MicroBatchCounter:
         self.missing = 0 if held is None else self.pending - held
 
 
-def schedule_arguments(batch_switch, compression_levels, reducer, backward_passes_per_step, ops):
+def schedule_arguments(batch_switch, compression_levels, reducer, backward_passes_per_step, collectives):
     """What a batch switch sets in an adapter's ``Accordion``, the same on every adapter: the
     levels it switches (the compression's, or the micro-batches per step), the layers whose
     level it reports (the compressed ones, or every layer: one batch size for all, so not per
@@ -132,6 +132,6 @@ def schedule_arguments(batch_switch, compression_levels, reducer, backward_passe
         raise ValueError(f"batch_switch must be a BatchSwitch, got {batch_switch!r}")
     if backward_passes_per_step != 1:
         raise ValueError("batch_switch accumulates micro-batches itself: leave backward_passes_per_step at 1")
-    # describe holds the ops, not the adapter: an exit warning keeps the Accordion alive.
+    # describe holds the collectives, not the adapter: an exit warning keeps the Accordion alive.
     return {"levels": batch_switch.replace_levels(compression_levels), "compressed_layers": None,
-            "per_layer": False, "describe": lambda levels: batch_switch.describe(levels, int(ops.size()))}
+            "per_layer": False, "describe": lambda levels: batch_switch.describe(levels, int(collectives.size()))}

@@ -13,7 +13,7 @@ The adapters only say when a bucket is ready and where the averages go.
 
 import warnings
 
-from horovod_accordion.reducers import BucketReduction, fused_allreduce_mean, split_state
+from horovod_accordion.reducers import BucketReduction, split_state
 
 __all__ = ["BucketedExchange"]
 
@@ -21,13 +21,15 @@ __all__ = ["BucketedExchange"]
 class BucketedExchange:
     """Args:
         accordion: the :class:`horovod_accordion.accordion.Accordion` schedule.
-        reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients.
-        ops: the backend, whose collectives the reducer calls.
+        reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients; the
+            exchange runs on its backends, its ``tensors`` and its ``collectives``.
         params: the parameters, one per layer, in the order of ``accordion.layer_names``.
     """
 
-    def __init__(self, accordion, reducer, ops, params):
-        self.accordion, self.reducer, self.ops = accordion, reducer, ops
+    def __init__(self, accordion, reducer, params):
+        self.accordion, self.reducer = accordion, reducer
+        self.tensors, self.collectives = reducer.tensors, reducer.collectives
+        ops = self.tensors
         accordion.attach(reducer)
         # The window's Δ and its non-finite counts; no Δ when nothing reads it.
         self.accumulated = [ops.delta_like(p) for p in params] if accordion.keeps_delta else []
@@ -59,7 +61,7 @@ class BucketedExchange:
         finite (read once per window, so the step never waits on the device), and add the
         finite ones to Δ. A non-finite gradient (an overflow that a GradScaler will skip) stays
         out of Δ, so the next check stays finite."""
-        ops = self.ops
+        ops = self.tensors
         finite = ops.finite_flags(grads)
         ops.add_at(self.non_finite_counts, layers, ops.false_as_ones(finite))
         if self.accumulated:
@@ -76,7 +78,7 @@ class BucketedExchange:
     def follow_schedule(self):
         """After the schedule's windows moved: say whether the window now running adds to Δ."""
         if self.accumulating is not None:
-            self.ops.set_level(self.accumulating, self.accordion.window_accumulates)
+            self.tensors.set_level(self.accumulating, self.accordion.window_accumulates)
 
     def finish(self):
         """Every started bucket's averages, as ``{layer: average}``. The step's buckets are
@@ -90,7 +92,7 @@ class BucketedExchange:
         """Count the step and log its bytes (by default what the collectives counted since the
         last step) and ``record``'s fields; close the window if the step completes one."""
         window_complete = self.accordion.step_done(micro_batches)
-        bytes_sent = self.ops.take_bytes_sent() if bytes_sent is None else bytes_sent
+        bytes_sent = self.collectives.take_bytes_sent() if bytes_sent is None else bytes_sent
         self.accordion.log.record_step(self.accordion.step, bytes_sent, **(record or {}))
         if window_complete:
             self.end_window()
@@ -117,7 +119,7 @@ class BucketedExchange:
         ``check_norm``), let the schedule decide and give the reducer the new levels; empty Δ
         after a check and after a window that feeds none. Warns about the layers with
         non-finite gradients in the window."""
-        accordion, ops, reducer = self.accordion, self.ops, self.reducer
+        accordion, ops, collectives, reducer = self.accordion, self.tensors, self.collectives, self.reducer
         empty = accordion.window_empties_delta
         if accordion.window_is_check:
             accumulated = self.accumulated
@@ -126,18 +128,18 @@ class BucketedExchange:
                 if accordion.policy.measures_errors else None
             if accordion.check_norm == "local":
                 local = ops.squared_norms(accumulated)
-                table = ops.to_floats(ops.start_allreduce_mean(
+                table = ops.to_floats(collectives.start_allreduce_mean(
                     local if errors is None else ops.concat([local, errors]), "norms").wait())
                 squared, errors = table[:len(accumulated)], table[len(accumulated):]
             else:
                 if errors is not None:
-                    errors = ops.to_floats(ops.start_allreduce_mean(errors, "errors").wait())
+                    errors = ops.to_floats(collectives.start_allreduce_mean(errors, "errors").wait())
                 # Δ is emptied after a check, so the collective may write the average into it.
-                squared = ops.to_floats(ops.squared_norms(fused_allreduce_mean(ops, accumulated, "delta")))
+                squared = ops.to_floats(ops.squared_norms(collectives.allreduce_means(accumulated, "delta")))
             rungs = len(accordion.ladder)
             errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
                 if errors else None
-            decided = accordion.end_window(squared, errors=errors, bytes_sent=ops.take_bytes_sent())
+            decided = accordion.end_window(squared, errors=errors, bytes_sent=collectives.take_bytes_sent())
         else:
             decided = accordion.end_window()
         if decided:
@@ -157,18 +159,18 @@ class BucketedExchange:
         layers = [f"{name!r} ({int(n)} steps)" for name, n in zip(accordion.layer_names, counts) if n > 0]
         if layers:
             warnings.warn(
-                f"rank {self.ops.rank()}: non-finite gradients in the window that ended at step {accordion.step}: "
+                f"rank {self.collectives.rank()}: non-finite gradients in the window that ended at step {accordion.step}: "
                 f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
                 f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
 
     def verify_same_levels(self):
         """``verify_levels``: gather every rank's levels, step and window, and raise on every rank
         if any differ. All ranks see the same gathered rows, so they all raise or none does."""
-        accordion, ops = self.accordion, self.ops
+        accordion, ops, collectives = self.accordion, self.tensors, self.collectives
         mine = [float(level) for level in accordion.levels] + [float(accordion.step),
                                                                float(accordion.detector.windows_seen)]
-        rows = ops.to_floats(ops.start_allgather(ops.from_floats(mine), "verify_levels").wait())
-        ops.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
+        rows = ops.to_floats(collectives.start_allgather(ops.from_floats(mine), "verify_levels").wait())
+        collectives.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
         if any(row != rows[0] for row in rows):
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]
             names = accordion.layer_names
@@ -183,10 +185,10 @@ class BucketedExchange:
         shared, per_rank = split_state(self.reducer)
         return {
             "schedule": self.accordion.state_dict(),
-            "reducer": self.ops.export_state(shared),
-            "per_rank": {"rank": self.ops.rank(), "size": self.ops.size(),
-                         "reducer": self.ops.export_state(per_rank),
-                         "accumulated": [self.ops.copy(total) for total in self.accumulated]},
+            "reducer": self.tensors.export_state(shared),
+            "per_rank": {"rank": self.collectives.rank(), "size": self.collectives.size(),
+                         "reducer": self.tensors.export_state(per_rank),
+                         "accumulated": [self.tensors.copy(total) for total in self.accumulated]},
         }
 
     def check_compatible(self, saved, own=None):
@@ -205,7 +207,8 @@ class BucketedExchange:
 
     def _resolve_own(self, mine, own):
         """``own``, or by default whether ``mine`` was saved on this rank at this world size."""
-        return (mine["rank"], mine["size"]) == (self.ops.rank(), self.ops.size()) if own is None else own
+        here = (self.collectives.rank(), self.collectives.size())
+        return (mine["rank"], mine["size"]) == here if own is None else own
 
     def load_state_dict(self, saved, own=None):
         """Restore a ``state_dict()``. Its per-rank part is restored if ``own`` (by default:
@@ -217,19 +220,19 @@ class BucketedExchange:
         mine = saved["per_rank"]
         own = self._resolve_own(mine, own)
         self.load_schedule(saved["schedule"])
-        self.ops.import_state(shared, saved["reducer"])
+        self.tensors.import_state(shared, saved["reducer"])
         if own:
-            self.ops.import_state(per_rank, mine["reducer"])
+            self.tensors.import_state(per_rank, mine["reducer"])
             for total, saved_total in zip(self.accumulated, mine["accumulated"]):
-                self.ops.assign(total, saved_total)
+                self.tensors.assign(total, saved_total)
             return
         warnings.warn(
             f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
             f"large batch in progress) is rank {mine['rank']}'s of {mine['size']}, not this rank's "
-            f"({self.ops.rank()} of {self.ops.size()}): it restarts from zero here. Save one state_dict per "
+            f"({self.collectives.rank()} of {self.collectives.size()}): it restarts from zero here. Save one state_dict per "
             f"rank to resume exactly.")
         for holder in [*(h for entries in per_rank.values() for h in entries.values()), *self.accumulated]:
-            self.ops.zero(holder)
+            self.tensors.zero(holder)
 
 
 def _check_same_shapes(groups, saved):

@@ -1,13 +1,28 @@
-"""What the Horovod backends of torch and TensorFlow share: a Horovod process set's rank and size,
-and the cross-rank checks, over the framework's Horovod module (``horovod_module``) and tensor
-constructor (``as_tensor``), which each backend names. Imports no framework."""
+"""What the Horovod collectives of torch and TensorFlow share: a Horovod process set's rank and
+size, and the cross-rank checks, over the framework's Horovod module (``horovod_module``) and
+tensor constructor (``as_tensor``), which each backend names. Imports no framework."""
 
-__all__ = ["HorovodProcessSetOps"]
+from horovod_accordion.collectives import Collectives
+
+__all__ = ["HorovodProcessSetCollectives"]
 
 
-class HorovodProcessSetOps:
+class HorovodProcessSetCollectives(Collectives):
+    """Args:
+        tensors: the framework's tensor maths.
+        process_set: the Horovod process set the collectives run in.
+        gradient_predivide_factor: Horovod's: the average is split into a pre- and a post-scaling.
+        name_prefix: Horovod matches collectives by name: see ``arguments.collective_prefix``.
+    """
+
     horovod_module = None  # horovod.torch or horovod.tensorflow
     as_tensor = None  # torch.tensor or tf.constant
+
+    def __init__(self, tensors, process_set, gradient_predivide_factor=1.0, name_prefix="accordion"):
+        super().__init__(tensors)
+        self.process_set = process_set
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.name_prefix = name_prefix
 
     def size(self):
         return self.process_set.size()

@@ -1,12 +1,11 @@
 """PowerSGD, TopK and dense reducers, written once for every framework.
 
 A reducer averages a list of gradients over ranks at each layer's current level. The
-maths live here; the framework adapters supply a small ``ops`` backend (tensor ops,
-state that survives a step, and the fused collectives), so torch and TensorFlow run the
-same algorithm and a fix is made once. The tensor maths are in
-``horovod_accordion/torch_tensors.py`` and ``horovod_accordion/tensorflow/tensors.py``; the
-collectives over them in ``torch/ops.py`` (Horovod), ``ddp/ops.py`` (torch.distributed) and
-``tensorflow/ops.py`` (Horovod).
+maths live here; the framework adapters supply two backends, so torch and TensorFlow run the
+same algorithm and a fix is made once: the tensor maths and the state that survives a step
+(``horovod_accordion/torch_tensors.py``, ``horovod_accordion/tensorflow/tensors.py``), and the
+collectives over them (``horovod_accordion.collectives``: ``torch/ops.py`` for Horovod,
+``ddp/ops.py`` for torch.distributed, ``tensorflow/ops.py`` for Horovod's TF ops).
 """
 
 import warnings
@@ -17,20 +16,21 @@ from horovod_accordion.arguments import under_elastic
 from horovod_accordion.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
                                            kept_count, packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
-__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "fused_allreduce_mean", "initial_query",
-           "make_reducer", "query_stream", "split_state", "start_fused_allreduce_mean"]
+__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "initial_query", "make_reducer",
+           "query_stream", "split_state"]
 
 
-def make_reducer(compression, shapes, ops, plain_compressor):
-    """The reducer for ``compression`` and its (ℓ_low, ℓ_high); ``plain_compressor`` is the base
-    class of the framework's plain compressors (none, fp16): Horovod's ``Compressor``, or
-    ``torch_compression.PlainCompressor`` where there is no Horovod (DDP, the advisor)."""
+def make_reducer(compression, shapes, tensors, collectives, plain_compressor):
+    """The reducer for ``compression`` and its (ℓ_low, ℓ_high), on the backends ``tensors`` and
+    ``collectives``; ``plain_compressor`` is the base class of the framework's plain compressors
+    (none, fp16): Horovod's ``Compressor``, or ``torch_compression.PlainCompressor`` where there
+    is no Horovod (DDP, the advisor)."""
     if isinstance(compression, PowerSGD):
-        return PowerSGDReducer(shapes, compression, ops), compression.levels
+        return PowerSGDReducer(shapes, compression, tensors, collectives), compression.levels
     if isinstance(compression, TopK):
-        return TopKReducer(shapes, compression, ops), compression.levels
+        return TopKReducer(shapes, compression, tensors, collectives), compression.levels
     if plain_compressor is not None and isinstance(compression, type) and issubclass(compression, plain_compressor):
-        return DenseReducer(shapes, compression, ops), (None, None)
+        return DenseReducer(shapes, compression, tensors, collectives), (None, None)
     raise ValueError(
         f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
         f"Compression.topk(...), got {compression!r}")
@@ -53,36 +53,6 @@ def initial_query(seed, layer, rows, columns):
 def query_stream(seed, layer):
     """The seed of one layer's later random Qs (``warm_start=False``), the same on every rank."""
     return (seed * 1_000_003 + layer) % 2 ** 31
-
-
-def start_fused_allreduce_mean(ops, tensors, name, compression=None):
-    """Start averaging each tensor over ranks with one allreduce per wire dtype, like torch's
-    ``powerSGD_hook`` buckets, instead of one call per layer. Returns the pending result:
-    its ``wait()`` gives the averages, in order."""
-    groups = {}
-    for i, tensor in enumerate(tensors):
-        groups.setdefault(ops.wire_dtype(tensor), []).append(i)
-    started = [(indices, ops.start_allreduce_mean(ops.flat_concat([tensors[i] for i in indices], wire_dtype),
-                                                  f"{name}.{wire_dtype}", compression))
-               for wire_dtype, indices in groups.items()]
-    return _FusedAverage(ops, tensors, started)
-
-
-class _FusedAverage:
-    def __init__(self, ops, tensors, started):
-        self.ops, self.tensors, self.started = ops, tensors, started
-
-    def wait(self):
-        outputs = [None] * len(self.tensors)
-        for indices, pending in self.started:
-            members = [self.tensors[i] for i in indices]
-            for i, value in zip(indices, self.ops.split_like(pending.wait(), members)):
-                outputs[i] = value
-        return outputs
-
-
-def fused_allreduce_mean(ops, tensors, name, compression=None):
-    return start_fused_allreduce_mean(ops, tensors, name, compression).wait()
 
 
 class BucketReduction:
@@ -124,9 +94,14 @@ class BucketReduction:
 
 
 class _Reducer:
-    """What every reducer shares: ``reduce`` is all layers as one bucket."""
+    """What every reducer shares: its two backends, and ``reduce``, all layers as one bucket."""
 
     fuses_itself = False  # whether Horovod's tensor fusion, rather than our buckets, should batch it
+
+    def __init__(self, shapes, config, tensors, collectives):
+        self.config = config
+        self.tensors, self.collectives = tensors, collectives
+        self.shapes = None if shapes is None else [tuple(s) for s in shapes]
 
     def start(self, layers, grads, name=""):
         """Start reducing ``grads`` of the layers ``layers`` (one bucket), as a ``BucketReduction``."""
@@ -149,9 +124,9 @@ class DenseReducer(_Reducer):
     fuses_itself = True
     compressed = ()
 
-    def __init__(self, shapes, compression, ops):
+    def __init__(self, shapes, compression, tensors, collectives):
+        super().__init__(shapes, compression, tensors, collectives)
         self.compression = compression
-        self.ops = ops
         # As Horovod's optimizer and tape: one process has nothing to average with (unless
         # elastic, where the world may grow).
         self.may_skip_alone = not under_elastic()
@@ -166,10 +141,10 @@ class DenseReducer(_Reducer):
         return None
 
     def phases(self, layers, grads, name):
-        if self.may_skip_alone and self.ops.size() == 1:
+        if self.may_skip_alone and self.collectives.size() == 1:
             yield
             return dict(zip(layers, grads))
-        pending = self.ops.start_allreduce_means(grads, f"dense{name}", self.compression)
+        pending = self.collectives.start_allreduce_means(grads, f"dense{name}", self.compression)
         yield
         return dict(zip(layers, pending.wait()))
 
@@ -216,11 +191,10 @@ class PowerSGDReducer(_Reducer):
 
     per_rank = ("memory",)
 
-    def __init__(self, shapes, config, ops):
-        self.config = config
-        self.ops = ops
-        self.shapes = [tuple(s) for s in shapes]
-        # Each tensor's n×m matrix in its framework's layout (``ops.matrix_shape``).
+    def __init__(self, shapes, config, tensors, collectives):
+        super().__init__(shapes, config, tensors, collectives)
+        ops = tensors
+        # Each tensor's n×m matrix in its framework's layout (``tensors.matrix_shape``).
         self.matrices = {i: ops.matrix_shape(s) for i, s in enumerate(self.shapes) if is_matrix(s)}
         self.compressed = [i for i, nm in self.matrices.items() if powersgd_compresses(nm, config)]
         self.memory, self.q, self.ranks, self.draws = {}, {}, {}, {}
@@ -240,7 +214,7 @@ class PowerSGDReducer(_Reducer):
 
     def set_levels(self, levels):
         for i in self.compressed:
-            self.ops.set_level(self.ranks[i], clamped_rank(levels[i], self.matrices[i]))
+            self.tensors.set_level(self.ranks[i], clamped_rank(levels[i], self.matrices[i]))
 
     def level_costs(self, ladder):
         """Each compressed layer's bytes per step at each rank of ``ladder``: P and Q in fp32."""
@@ -251,7 +225,7 @@ class PowerSGDReducer(_Reducer):
         """‖Δ − P (Δᵀ P)ᵀ‖² of each compressed layer at each rank of ``ladder``, with P =
         orthogonalize(Δ Q) from the layer's own Q: one power iteration, as a step runs it, on
         this rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
-        ops, residuals = self.ops, []
+        ops, residuals = self.tensors, []
         for i in self.compressed:
             delta, q = ops.as_matrix(accumulated[i], self.matrices[i]), ops.read(self.q[i])
             for rank in ladder:
@@ -260,7 +234,7 @@ class PowerSGDReducer(_Reducer):
         return ops.squared_norms(residuals) if residuals else None
 
     def phases(self, layers, grads, name):
-        ops = self.ops
+        ops = self.tensors
         compressed = [(i, g) for i, g in zip(layers, grads) if i in self.ranks]
         dense = [(i, g) for i, g in zip(layers, grads) if i not in self.ranks]
         matrices = []
@@ -271,15 +245,15 @@ class PowerSGDReducer(_Reducer):
             matrices.append(m)
         # P = M Q of every layer, and the bucket's 1-D gradients, in the buffer the allreduce reads.
         queries = [ops.leading_columns(self.q[i], self.ranks[i]) for i, _ in compressed]
-        pending = start_fused_allreduce_mean(
-            ops, ops.pack_products(f"P{name}", list(zip(matrices, queries)), [g for _, g in dense]),
-            f"powersgd.P{name}")
+        pending = self.collectives.start_allreduce_means(
+            ops.pack_products(f"P{name}", list(zip(matrices, queries)), [g for _, g in dense]), f"powersgd.P{name}")
         yield
         reduced = pending.wait()
         outputs = {i: value for (i, _), value in zip(dense, reduced[len(matrices):])}
         ps = [ops.orthogonalize(p) for p in reduced[:len(matrices)]]
         products = [(ops.transpose(m), p) for m, p in zip(matrices, ps)]
-        pending = start_fused_allreduce_mean(ops, ops.pack_products(f"Q{name}", products, []), f"powersgd.Q{name}")
+        pending = self.collectives.start_allreduce_means(ops.pack_products(f"Q{name}", products, []),
+                                                         f"powersgd.Q{name}")
         yield
         for (i, grad), m, p, q in zip(compressed, matrices, ps, pending.wait()):
             approximation = ops.matmul(p, ops.transpose(q))
@@ -325,10 +299,9 @@ class TopKReducer(_Reducer):
 
     per_rank = ("residual",)
 
-    def __init__(self, shapes, config, ops):
-        self.config = config
-        self.ops = ops
-        self.shapes = [tuple(s) for s in shapes]
+    def __init__(self, shapes, config, tensors, collectives):
+        super().__init__(shapes, config, tensors, collectives)
+        ops = tensors
         self.compressed = [i for i, s in enumerate(self.shapes) if is_matrix(s) and np.prod(s) > 0]
         self.numels = {i: int(np.prod(self.shapes[i])) for i in self.compressed}
         self.residual = {i: ops.state(np.zeros(self.numels[i]), f"topk_residual_{i}") for i in self.compressed}
@@ -337,12 +310,12 @@ class TopKReducer(_Reducer):
 
     def set_levels(self, levels):
         for i in self.compressed:
-            self.ops.set_level(self.fractions[i], levels[i])
+            self.tensors.set_level(self.fractions[i], levels[i])
 
     def level_costs(self, ladder):
         """Each compressed layer's bytes per step at each fraction of ``ladder``, on the wire
         this world size would choose: values and indices, or the dense layer."""
-        size = int(self.ops.size())
+        size = int(self.collectives.size())
         costs = {}
         for i in self.compressed:
             dtype, row = self.index_dtypes[i], []
@@ -357,7 +330,7 @@ class TopKReducer(_Reducer):
     def approximation_errors(self, accumulated, ladder):
         """‖Δ − TopK(Δ)‖² of each compressed layer at each fraction of ``ladder``, on this
         rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
-        ops, residuals = self.ops, []
+        ops, residuals = self.tensors, []
         for i in self.compressed:
             delta = ops.as_matrix(accumulated[i], (-1,))
             residuals += [ops.zeroed_at(delta, ops.top_abs_indices(delta, kept_count(fraction, self.numels[i])))
@@ -366,11 +339,11 @@ class TopKReducer(_Reducer):
 
     def _sparse(self, i, k):
         if self.config.wire != "auto":
-            return self.ops.constant_flag(self.config.wire == "sparse")
-        return sparse_is_cheaper(k, self.numels[i], index_bytes(self.index_dtypes[i]), self.ops.size())
+            return self.tensors.constant_flag(self.config.wire == "sparse")
+        return sparse_is_cheaper(k, self.numels[i], index_bytes(self.index_dtypes[i]), self.collectives.size())
 
     def phases(self, layers, grads, name):
-        ops = self.ops
+        ops, collectives = self.tensors, self.collectives
         sparsified, payload, dense = [], [], []
         for i, grad in zip(layers, grads):
             if i not in self.fractions:
@@ -389,10 +362,10 @@ class TopKReducer(_Reducer):
             dense.append(ops.cond(sparse, ops.empty_floats, lambda m=m, rest=rest: m - rest))
             sparsified.append((i, grad, m, k, rest, sparse))
         uncompressed = [(i, g) for i, g in zip(layers, grads) if i not in self.fractions]
-        averaging = start_fused_allreduce_mean(ops, dense + [g for _, g in uncompressed], f"topk.dense{name}")
+        averaging = collectives.start_allreduce_means(dense + [g for _, g in uncompressed], f"topk.dense{name}")
         # At ℓ_low (TopK 99 %) every layer may go dense: then torch makes no empty allgather.
         any_sparse = payload and ops.any_flag([sparse for *_, sparse in sparsified])
-        gathering = ops.start_allgather(ops.concat(payload), f"topk{name}") if any_sparse else None
+        gathering = collectives.start_allgather(ops.concat(payload), f"topk{name}") if any_sparse else None
         yield
         reduced = averaging.wait()
         gathered = gathering.wait() if gathering is not None else None

@@ -76,7 +76,7 @@ class StepDriver:
         calls), the last of them the one just completed, and log the bytes that the collectives
         counted with the last one, and its batch."""
         completed, self.completed = self.completed, None
-        bytes_sent = self.exchange.ops.take_bytes_sent()
+        bytes_sent = self.exchange.collectives.take_bytes_sent()
         for k in range(count):
             last = k == count - 1
             record = completed["record"] if last and completed else None

@@ -9,7 +9,6 @@ accepts (Horovod 0.28.1 rejects bf16 allreduce).
 import torch
 
 from horovod_accordion.compression import kept_count, matrix_shape
-from horovod_accordion.reducers import start_fused_allreduce_mean
 
 __all__ = ["Level", "TorchTensorOps", "map_leaves", "summary_writer"]
 
@@ -50,13 +49,12 @@ class Level:
 
 
 class TorchTensorOps:
-    """Everything of an ops backend but the collectives, which subclasses add: ``size``,
-    ``rank``, ``start_allreduce_mean`` and ``start_allgather``, each counting the bytes it
-    sends in ``bytes_sent``."""
+    """The tensor backend of the reducers and the exchange: state, levels and maths, on
+    ``device``. The collectives over it are Horovod's (``torch/ops.py``) or torch.distributed's
+    (``ddp/ops.py``)."""
 
     def __init__(self, device="cpu"):
         self.device = device  # where the parameters, hence the compression state, live
-        self.bytes_sent = 0
         self._buffers = {}  # each bucket phase's flat buffer (``pack_products``), by name
 
     # State that survives a step.
@@ -314,19 +312,11 @@ class TorchTensorOps:
             return tensors[0].view(-1)
         return torch.cat([t.reshape(-1).to(dtype) for t in tensors])
 
-    def start_allreduce_means(self, tensors, name, compression=None):
-        """Start averaging each of ``tensors`` over ranks: one collective per wire dtype."""
-        return start_fused_allreduce_mean(self, tensors, name, compression)
-
     def split_like(self, flat, tensors):
         if flat is self._packed_buffer(tensors):
             return list(tensors)  # averaged in place, each in its own layout
         chunks = flat.split([t.numel() for t in tensors])
         return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
-
-    def take_bytes_sent(self):
-        sent, self.bytes_sent = self.bytes_sent, 0
-        return sent
 
     # Checkpoints.
     def export_state(self, groups):

@@ -17,6 +17,7 @@ from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.policies import (AccordionPolicy, ErrorBudget, PhaseSchedule, cheapest_levels,
                                         make_policy, policy_for)
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer, make_reducer
+from horovod_accordion.collectives import Collectives
 from horovod_accordion.torch_tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_cheapest, exhaustive_costs
@@ -111,12 +112,23 @@ def test_ladders_default_to_the_two_levels():
     assert PowerSGD(2, 2, ladder=(2, 2)).levels == (2, 2)  # a static run states its one level
 
 
-class Float64Ops(Float64State, TorchTensorOps):
+class Float64Tensors(Float64State, TorchTensorOps):
+    """The torch tensor maths in fp64."""
+
+
+class EightRanks(Collectives):
+    """A world of 8 ranks, for the level costs; the tests that use it make no collective."""
+
     def size(self):
         return 8
 
     def rank(self):
         return 0
+
+
+def float64_backends(collectives=EightRanks):
+    tensors = Float64Tensors()
+    return tensors, collectives(tensors)
 
 
 SHAPES = [(6, 5), (5,), (12, 3, 2, 2), (40, 30)]
@@ -129,7 +141,7 @@ def random_deltas(seed=0):
 
 def test_powersgd_errors_are_one_power_iteration_from_q_as_numpy_computes_it():
     config = PowerSGD(4, 1, ladder=(4, 2, 1), min_compression_rate=0)
-    reducer = PowerSGDReducer(SHAPES, config, Float64Ops())
+    reducer = PowerSGDReducer(SHAPES, config, *float64_backends())
     deltas = random_deltas()
     errors = reducer.approximation_errors(deltas, config.levels).numpy().reshape(len(reducer.compressed), 3)
     for row, layer in zip(errors, reducer.compressed):
@@ -148,7 +160,7 @@ def test_powersgd_errors_are_one_power_iteration_from_q_as_numpy_computes_it():
 
 def test_topk_errors_are_what_the_kept_entries_leave_out_and_costs_follow_the_wire():
     config = TopK(0.5, 0.05, ladder=(0.5, 0.2, 0.05))
-    reducer = TopKReducer(SHAPES, config, Float64Ops())
+    reducer = TopKReducer(SHAPES, config, *float64_backends())
     deltas = random_deltas(1)
     errors = reducer.approximation_errors(deltas, config.levels).numpy().reshape(len(reducer.compressed), 3)
     for row, layer in zip(errors, reducer.compressed):
@@ -162,17 +174,17 @@ def test_topk_errors_are_what_the_kept_entries_leave_out_and_costs_follow_the_wi
     assert costs[3] == [4 * 1200, 4 * 1200, 4 * (60 + 30)], costs[3]
 
 
-def accordion_with(policy, **options):
+def accordion_with(policy, collectives=EightRanks, **options):
     schedule = Accordion(["w", "b", "v"], (4, 2, 1), compressed_layers=[0, 2], policy=policy, **options)
     reducer = PowerSGDReducer([(20, 20), (20,), (60, 40)], PowerSGD(4, 1, ladder=(4, 2, 1), min_compression_rate=0),
-                              Float64Ops())
+                              *float64_backends(collectives))
     schedule.attach(reducer)
     return schedule, reducer
 
 
 def exchange_of(schedule, reducer):
     params = [torch.zeros(shape, dtype=torch.float64) for shape in [(20, 20), (20,), (60, 40)]]
-    return BucketedExchange(schedule, reducer, Float64Ops(), params)
+    return BucketedExchange(schedule, reducer, params)
 
 
 def test_the_phase_schedule_reads_no_norms_and_ignores_decays():
@@ -197,7 +209,7 @@ def test_the_phase_schedule_logs_the_learning_rate_of_each_window():
         [("check", 0.1), ("check", 0.01)]
 
 
-class TwoRanksOneDisagreeing(Float64Ops):
+class TwoRanksOneDisagreeing(EightRanks):
     """The allgather of a world whose other rank holds other levels."""
 
     def start_allgather(self, flat, name):
@@ -207,9 +219,10 @@ class TwoRanksOneDisagreeing(Float64Ops):
 
 
 def test_verify_levels_runs_at_every_decision_of_a_policy_that_reads_no_norms():
-    schedule, reducer = accordion_with(PhaseSchedule(total_windows=3), verify_levels=True)
+    schedule, reducer = accordion_with(PhaseSchedule(total_windows=3), collectives=TwoRanksOneDisagreeing,
+                                       verify_levels=True)
     params = [torch.zeros(shape, dtype=torch.float64) for shape in [(20, 20), (20,), (60, 40)]]
-    exchange = BucketedExchange(schedule, reducer, TwoRanksOneDisagreeing(), params)
+    exchange = BucketedExchange(schedule, reducer, params)
     with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\].*layers that differ: \['w'\]"):
         exchange.end_window()
 
@@ -233,7 +246,7 @@ def test_the_policy_and_its_levels_are_checkpointed():
 
 
 
-class ResizableOps(Float64Ops):
+class Resizable(EightRanks):
     """A world whose size an elastic reset changes."""
     world_size = 8
 
@@ -244,14 +257,14 @@ class ResizableOps(Float64Ops):
 def test_level_costs_follow_the_world_size_of_each_decision():
     """TopK's sparse-or-dense wire depends on the world size: after an elastic reset every rank,
     survivor or newcomer, must weigh the same costs, those of the new size."""
-    ops = ResizableOps()
+    tensors, world = float64_backends(Resizable)
     config = TopK(0.5, 0.05, ladder=(0.5, 0.2, 0.05))
     schedule = Accordion(["a", "b", "c", "d"], config.levels, compressed_layers=[0, 2, 3],
                          policy=PhaseSchedule(total_windows=3))
-    reducer = TopKReducer(SHAPES, config, ops)
+    reducer = TopKReducer(SHAPES, config, tensors, world)
     schedule.attach(reducer)
     assert schedule.level_costs[3][0] == 4 * 1200  # 50 % of 1,200 entries travels dense on 8 ranks
-    ops.world_size = 2
+    world.world_size = 2
     assert schedule.level_costs == reducer.level_costs(config.levels) and schedule.level_costs[3][0] < 4 * 1200
 
 
@@ -274,7 +287,7 @@ def test_the_plot_draws_the_levels_of_a_log_without_norms(tmp_path):
         run_figures(log, tmp_path / "out", layer="w")
 
 
-class LoneRankOps(TorchTensorOps):
+class LoneRank(Collectives):
     """One rank, in fp32: every collective returns what this rank sent."""
 
     def size(self):
@@ -293,6 +306,11 @@ class LoneRankOps(TorchTensorOps):
 LONE_SHAPES = [(20, 20), (20,), (60, 40)]
 
 
+def lone_backends():
+    tensors = TorchTensorOps()
+    return tensors, LoneRank(tensors)
+
+
 def run_steps(exchange, steps, seed=0):
     """``steps`` steps of gradients that only grow, each closing a window (``window_steps=1``)."""
     rng = np.random.RandomState(seed)
@@ -304,16 +322,16 @@ def run_steps(exchange, steps, seed=0):
 
 
 def lone_exchange(schedule, reducer):
-    return BucketedExchange(schedule, reducer, reducer.ops, [torch.zeros(shape) for shape in LONE_SHAPES])
+    return BucketedExchange(schedule, reducer, [torch.zeros(shape) for shape in LONE_SHAPES])
 
 
 @pytest.mark.parametrize("compression", [PowerSGD(4, min_compression_rate=0), TopK(0.1)])
 def test_a_batch_switch_leaves_its_fixed_compression_at_its_level(compression):
     """The schedule's levels are micro-batch counts there. They reached the reducer as its level:
     PowerSGD ran at rank 1 or m, TopK at a fraction of 1.0 or m (an error)."""
-    reducer, levels = make_reducer(compression, LONE_SHAPES, LoneRankOps(), None)
+    reducer, levels = make_reducer(compression, LONE_SHAPES, *lone_backends(), None)
     schedule = Accordion(["w", "b", "v"], window_steps=1, interval=1,
-                         **schedule_arguments(BatchSwitch(8, 3), levels, reducer, 1, reducer.ops))
+                         **schedule_arguments(BatchSwitch(8, 3), levels, reducer, 1, reducer.collectives))
     exchange = lone_exchange(schedule, reducer)
 
     def compression_levels():
@@ -349,7 +367,8 @@ def test_a_restored_schedule_says_whether_its_window_adds_to_delta():
     """The flag that the step reads (a variable in a traced TF step) follows the loaded windows."""
     def exchange():
         schedule = Accordion(["w", "b", "v"], (4, 1), compressed_layers=[0, 2], window_steps=1, interval=3)
-        return lone_exchange(schedule, PowerSGDReducer(LONE_SHAPES, PowerSGD(4, 1, min_compression_rate=0), LoneRankOps()))
+        return lone_exchange(schedule, PowerSGDReducer(LONE_SHAPES, PowerSGD(4, 1, min_compression_rate=0),
+                                                      *lone_backends()))
 
     saved = exchange()
     run_steps(saved, 2)  # windows 0 and 1 closed: window 2 feeds no check

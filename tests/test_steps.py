@@ -10,15 +10,15 @@ from horovod_accordion.batch import BatchSwitch, schedule_arguments
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.steps import StepDriver
 
-from tests.test_policies import LONE_SHAPES, LoneRankOps, lone_exchange
+from tests.test_policies import LONE_SHAPES, lone_backends, lone_exchange
 
 
 def driver_at_the_large_batch(multiplier=3, warmup_steps=2):
     """A driver whose schedule has switched to ``multiplier`` micro-batches per step."""
     switch = BatchSwitch(8, multiplier, warmup_steps=warmup_steps)
-    reducer, levels = make_reducer(PowerSGD(2, min_compression_rate=0), LONE_SHAPES, LoneRankOps(), None)
+    reducer, levels = make_reducer(PowerSGD(2, min_compression_rate=0), LONE_SHAPES, *lone_backends(), None)
     schedule = Accordion(["w", "b", "v"], window_steps=100, interval=1,
-                         **schedule_arguments(switch, levels, reducer, 1, reducer.ops))
+                         **schedule_arguments(switch, levels, reducer, 1, reducer.collectives))
     exchange = lone_exchange(schedule, reducer)
     exchange.load_schedule(dict(schedule.state_dict(), current_levels=[multiplier] * 3))
     return StepDriver(exchange, switch), schedule

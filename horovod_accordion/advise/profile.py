@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.advise.variants import LAYOUTS
 from horovod_accordion.buckets import assign_buckets
+from horovod_accordion.collectives import Collectives
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
@@ -39,14 +40,14 @@ class _Done:
         return self.value
 
 
-class SimulatedWorld(TorchTensorOps):
+class SimulatedWorld(Collectives):
     """``workers`` ranks that all hold this rank's gradients: each collective returns at once
     what it would return (an average of equal tensors is the tensor; an allgather, W copies),
     and ``issued`` lists ``(kind, bytes)`` of what this rank would send, counted as our
     Horovod and DDP backends count ``bytes_sent``: the wire tensor's bytes."""
 
     def __init__(self, workers, device="cpu"):
-        super().__init__(device)
+        super().__init__(TorchTensorOps(device))
         self.workers = workers
         self.issued = []
 
@@ -134,12 +135,12 @@ def measure_exchange(names, grads, variant, layout, workers, level_key, repeats,
     """Our exchange of ``grads`` at one level on ``workers`` simulated ranks: per bucket, its
     segments' compute times and collectives; the step's bytes from the ``CommunicationLog``;
     and Accordion's check (one per step here) with its collectives."""
-    ops = SimulatedWorld(workers, grads[0].device)
+    world = SimulatedWorld(workers, grads[0].device)
     clock = _clock(grads[0].device)
-    reducer, levels = make_reducer(variant.compression or CASTS[variant.cast], [g.shape for g in grads], ops,
-                                   PlainCompressor)
+    reducer, levels = make_reducer(variant.compression or CASTS[variant.cast], [g.shape for g in grads],
+                                   world.tensors, world, PlainCompressor)
     log = CommunicationLog()
-    exchange = BucketedExchange(Accordion(names, levels, window_steps=1, interval=1, log=log), reducer, ops, grads)
+    exchange = BucketedExchange(Accordion(names, levels, window_steps=1, interval=1, log=log), reducer, grads)
     buckets, fusable = layout_buckets(layout, variant, [g.numel() * g.element_size() for g in grads])
     segments = [[] for _ in buckets]  # per bucket, per segment: {"compute_s": [...], "collectives": [...]}
     check_s, check_collectives = [], []
@@ -151,18 +152,18 @@ def measure_exchange(names, grads, variant, layout, workers, level_key, repeats,
         for b, layers in enumerate(buckets):
             started = clock()
             exchange.start(b, layers, [grads[i] for i in layers])
-            runs.append([(clock() - started, ops.take_issued())])
+            runs.append([(clock() - started, world.take_issued())])
         for b in range(len(buckets)):
             reduction, more = exchange.started[b], True
             while more:
                 started = clock()
                 more = reduction.advance()
-                runs[b].append((clock() - started, ops.take_issued()))
+                runs[b].append((clock() - started, world.take_issued()))
         exchange.finish()
         started = clock()
         exchange.end_step()
         check_time = clock() - started
-        check_issued = ops.take_issued()
+        check_issued = world.take_issued()
         step_bytes = log.bytes_per_step[-1]
         if sum(size for run in runs for _, issued in run for _, size in issued) != step_bytes:
             raise AssertionError("the simulated collectives do not add up to the CommunicationLog's step bytes")

@@ -1,5 +1,5 @@
-"""The torch.distributed backend of ``horovod_accordion.reducers``, for DDP's communication
-hook: asynchronous ``torch.distributed`` collectives on the shared torch tensor maths.
+"""The torch.distributed collectives of ``horovod_accordion.reducers``, for DDP's communication
+hook: asynchronous ``torch.distributed`` collectives over the shared torch tensor maths.
 
 Unlike Horovod's, these collectives are matched across ranks by the order in which they
 are issued, not by name: every rank issues them from the same thread (the autograd
@@ -12,10 +12,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from horovod_accordion.collectives import Collectives
 from horovod_accordion.torch_compression import NoneCompressor
-from horovod_accordion.torch_tensors import TorchTensorOps
 
-__all__ = ["DistributedOps"]
+__all__ = ["DistributedCollectives"]
 
 
 # Gloo's worker thread lets go of a finished collective's tensors just after it completes, and
@@ -39,11 +39,12 @@ class _Pending:
         return self.result()
 
 
-class DistributedOps(TorchTensorOps):
-    def __init__(self, process_group=None, device="cpu"):
-        super().__init__(device)
+class DistributedCollectives(Collectives):
+    """torch.distributed matches collectives by the order they are issued, not by name."""
+
+    def __init__(self, tensors, process_group=None):
+        super().__init__(tensors)
         self.process_group = process_group
-        self.name_prefix = None  # torch.distributed matches collectives by order, not by name
 
     def size(self):
         return dist.get_world_size(self.process_group)
@@ -81,6 +82,6 @@ class DistributedOps(TorchTensorOps):
         return holder[0]
 
     def sum_over_ranks(self, count):
-        total = torch.tensor([count], dtype=torch.int64, device=self.device)
+        total = torch.tensor([count], dtype=torch.int64, device=self.tensors.device)
         dist.all_reduce(total, group=self.process_group)
         return int(total.item())

@@ -29,14 +29,14 @@ from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_on_one_device, check_real_floating,
                                          check_same_exchange_on_all_ranks)
 from horovod_accordion.compression import PowerSGD, TopK
-from horovod_accordion.ddp.ops import DistributedOps
+from horovod_accordion.ddp.ops import DistributedCollectives
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.policies import policy_for
 from horovod_accordion.reducers import DenseReducer, make_reducer
 from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch_compression import PlainCompressor
-from horovod_accordion.torch_tensors import summary_writer
+from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
 
 __all__ = ["AccordionState", "accordion_hook"]
 
@@ -152,14 +152,16 @@ class AccordionState:
         check_on_one_device(names, [p.device for p in params], self._levels())
         self._layer_of = {p: layer for layer, p in enumerate(params)}
         self._names = names
-        self._ops = DistributedOps(self.process_group, params[0].device if params else "cpu")
-        check_same_exchange_on_all_ranks(self._ops, names, [p.shape for p in params], [p.dtype for p in params],
+        tensors = TorchTensorOps(params[0].device if params else "cpu")
+        self._collectives = DistributedCollectives(tensors, self.process_group)
+        check_same_exchange_on_all_ranks(self._collectives, names, [p.shape for p in params], [p.dtype for p in params],
                                          self.compression, self._schedule_options["policy"])
-        reducer, levels = make_reducer(self.compression, [p.shape for p in params], self._ops, PlainCompressor)
-        self._plain = DenseReducer(None, None, self._ops)  # the steps before start_iter
-        log = log or CommunicationLog.on_rank(self._ops.rank(), self.log_path, self.tensorboard_dir, summary_writer)
+        reducer, levels = make_reducer(self.compression, [p.shape for p in params], tensors, self._collectives,
+                                       PlainCompressor)
+        self._plain = DenseReducer(None, None, tensors, self._collectives)  # the steps before start_iter
+        log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir, summary_writer)
         accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **self._schedule_options)
-        self._exchange = BucketedExchange(accordion, reducer, self._ops, params)
+        self._exchange = BucketedExchange(accordion, reducer, params)
         self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch
         self._waiting = []
         if accordion.adaptive and accordion.window_steps is None:

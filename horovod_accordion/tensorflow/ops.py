@@ -1,15 +1,14 @@
-"""The TensorFlow backend of ``horovod_accordion.reducers``: Horovod's collectives, as graph
-ops, on the TensorFlow tensor maths (``horovod_accordion.tensorflow.tensors``).
+"""The TensorFlow collectives of ``horovod_accordion.reducers``: Horovod's collectives, as graph
+ops, over the TensorFlow tensor maths (``horovod_accordion.tensorflow.tensors``).
 """
 
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from horovod_accordion.arguments import under_elastic
-from horovod_accordion.process_sets import HorovodProcessSetOps
-from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
+from horovod_accordion.process_sets import HorovodProcessSetCollectives
 
-__all__ = ["TensorFlowOps"]
+__all__ = ["TensorFlowCollectives"]
 
 
 class _Done:
@@ -22,14 +21,13 @@ class _Done:
         return self.output
 
 
-class TensorFlowOps(HorovodProcessSetOps, TensorFlowTensorOps):
+class TensorFlowCollectives(HorovodProcessSetCollectives):
     horovod_module = hvd
     as_tensor = staticmethod(tf.constant)
 
-    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, name_prefix="accordion"):
-        self.process_set = process_set
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.name_prefix = name_prefix  # Horovod matches collectives by name: see ``collective_prefix``
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Counted by the traced step: a variable, read between steps.
         self.bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="accordion_bytes_sent")
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
@@ -54,7 +52,7 @@ class TensorFlowOps(HorovodProcessSetOps, TensorFlowTensorOps):
         if not tensors:
             return _Done([])
         compression = compression or hvd.Compression.none
-        wires = [compression.compress(tf.cast(tensor, self.wire_dtype(tensor))) for tensor in tensors]
+        wires = [compression.compress(tf.cast(tensor, self.tensors.wire_dtype(tensor))) for tensor in tensors]
         self.bytes_sent.assign_add(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]))
         reduced = hvd.grouped_allreduce([wire for wire, _ in wires], name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                         prescale_factor=1.0 / self.gradient_predivide_factor,

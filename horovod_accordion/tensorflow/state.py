@@ -22,8 +22,9 @@ from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer, split_state
 from horovod_accordion.steps import StepDriver
-from horovod_accordion.tensorflow.ops import TensorFlowOps
+from horovod_accordion.tensorflow.ops import TensorFlowCollectives
 from horovod_accordion.tensorflow.summary import SummaryScalars
+from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
 
 __all__ = ["AccordionState"]
 
@@ -73,16 +74,18 @@ class AccordionState(tf.Module):
         self._op = op
         self._sparse_as_dense = sparse_as_dense
         self._shapes = shapes
-        self._ops = TensorFlowOps(process_set, gradient_predivide_factor, collective_prefix(names))
-        self._reducer, levels = make_reducer(compression, shapes, self._ops, Compressor)
+        self._collectives = TensorFlowCollectives(TensorFlowTensorOps(), process_set, gradient_predivide_factor,
+                                                  collective_prefix(names))
+        self._reducer, levels = make_reducer(compression, shapes, self._collectives.tensors, self._collectives,
+                                             Compressor)
         self.batch_switch = batch_switch
         self._log = CommunicationLog()
         schedule = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                         lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
                         verify_levels=verify_levels, policy=policy)
-        schedule.update(schedule_arguments(batch_switch, levels, self._reducer, backward_passes_per_step, self._ops))
+        schedule.update(schedule_arguments(batch_switch, levels, self._reducer, backward_passes_per_step, self._collectives))
         self._schedule = Accordion(names, log=self._log, **schedule)
-        self._exchange = BucketedExchange(self._schedule, self._reducer, self._ops, variables)
+        self._exchange = BucketedExchange(self._schedule, self._reducer, variables)
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
         self._compression = compression
         self._variables = variables
@@ -134,7 +137,7 @@ class AccordionState(tf.Module):
 
     def check_same_variables_on_all_ranks(self):
         """A collective: at construction, or under ``hvd.elastic`` at every state sync."""
-        check_same_exchange_on_all_ranks(self._ops, self._schedule.layer_names, self._shapes,
+        check_same_exchange_on_all_ranks(self._collectives, self._schedule.layer_names, self._shapes,
                                          [tf.as_dtype(v.dtype).name for v in self._variables], self._compression,
                                          self._schedule.policy)
 
@@ -145,7 +148,7 @@ class AccordionState(tf.Module):
     def load_snapshot(self, values):
         for variable, value in zip(self.variables, values):
             variable.assign(value)
-        self._ops.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
+        self._collectives.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
 
     def broadcast_shared_state(self, root_rank):
         """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,
@@ -157,7 +160,7 @@ class AccordionState(tf.Module):
             with self._python_state():
                 held = self._steps.micro_batches.held  # the micro-batches whose gradients this rank's pending sums hold
         values = hvd.broadcast_object({k: v.numpy() for k, v in shared.items()} if root else None,
-                                      root_rank=root_rank, process_set=self._ops.process_set,
+                                      root_rank=root_rank, process_set=self._collectives.process_set,
                                       name="accordion.shared_state")
         for key, variable in shared.items():
             variable.assign(values[key])
@@ -208,7 +211,7 @@ class AccordionState(tf.Module):
         averaged = self._exchange.finish()
         averaged = [averaged[layer] for layer in layers]
         if self._op == hvd.Sum:
-            averaged = [g * tf.cast(self._ops.size(), g.dtype) for g in averaged]
+            averaged = [g * tf.cast(self._collectives.size(), g.dtype) for g in averaged]
         return averaged
 
     def _dense(self, grad, shape):
@@ -280,7 +283,7 @@ class AccordionState(tf.Module):
 
     def write_tensorboard(self, logdir):
         """Rank 0 writes Accordion's scalars (bytes per step, levels and ratios per check) to ``logdir``."""
-        if logdir is not None and self._ops.process_set.rank() == 0:
+        if logdir is not None and self._collectives.process_set.rank() == 0:
             self._log.scalars = SummaryScalars(logdir)
 
     def accordion_stats(self):

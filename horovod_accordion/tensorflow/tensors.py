@@ -18,7 +18,8 @@ _WIRE_DTYPES = {tf.bfloat16: tf.float32}  # Horovod's TF ops reject bf16
 
 
 class TensorFlowTensorOps:
-    """Everything of the TensorFlow ops backend but the collectives (``TensorFlowOps``)."""
+    """The tensor backend of the reducers and the exchange in TensorFlow; the collectives over it
+    are ``tensorflow.ops.TensorFlowCollectives``."""
 
     # State that survives a step.
     def state(self, array, name):

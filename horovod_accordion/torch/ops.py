@@ -1,15 +1,14 @@
-"""The Horovod backend of ``horovod_accordion.reducers`` for torch: Horovod's asynchronous
-collectives on top of the shared torch tensor maths (``horovod_accordion.torch_tensors``).
+"""The Horovod collectives of ``horovod_accordion.reducers`` for torch: Horovod's asynchronous
+collectives over the shared torch tensor maths (``horovod_accordion.torch_tensors``).
 """
 
 import torch
 import horovod.torch as hvd
 
-from horovod_accordion.process_sets import HorovodProcessSetOps
+from horovod_accordion.process_sets import HorovodProcessSetCollectives
 from horovod_accordion.torch.compression import NoneCompressor
-from horovod_accordion.torch_tensors import TorchTensorOps
 
-__all__ = ["TorchOps"]
+__all__ = ["TorchCollectives"]
 
 
 class _Pending:
@@ -22,16 +21,9 @@ class _Pending:
         return self.finish(hvd.synchronize(self.handle))
 
 
-class TorchOps(HorovodProcessSetOps, TorchTensorOps):
+class TorchCollectives(HorovodProcessSetCollectives):
     horovod_module = hvd
     as_tensor = staticmethod(torch.tensor)
-
-    def __init__(self, process_set=hvd.global_process_set, gradient_predivide_factor=1.0, device="cpu",
-                 name_prefix="accordion"):
-        super().__init__(device)
-        self.process_set = process_set
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.name_prefix = name_prefix  # Horovod matches collectives by name: see ``collective_prefix``
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def start_allreduce_mean(self, flat, name, compression=None):

@@ -37,8 +37,8 @@ from horovod_accordion.reducers import make_reducer
 from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch_compression import PlainCompressor
-from horovod_accordion.torch.ops import TorchOps
-from horovod_accordion.torch_tensors import map_leaves, summary_writer
+from horovod_accordion.torch.ops import TorchCollectives
+from horovod_accordion.torch_tensors import TorchTensorOps, map_leaves, summary_writer
 
 __all__ = ["AccordionOptimizer", "DistributedOptimizer", "broadcast_optimizer_state"]
 
@@ -61,19 +61,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._ops = TorchOps(process_set, gradient_predivide_factor,
-                             device=self._params[0].device if self._params else "cpu",
-                             name_prefix=collective_prefix(self._names))
-        self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._ops,
-                                             (Compressor, PlainCompressor))
+        self._tensors = TorchTensorOps(self._params[0].device if self._params else "cpu")
+        self._collectives = TorchCollectives(self._tensors, process_set, gradient_predivide_factor,
+                                             name_prefix=collective_prefix(self._names))
+        self._reducer, levels = make_reducer(compression, [p.shape for p in self._params], self._tensors,
+                                             self._collectives, (Compressor, PlainCompressor))
         schedule = dict(accordion_options, **schedule_arguments(batch_switch, levels, self._reducer,
-                                                                backward_passes_per_step, self._ops))
+                                                                backward_passes_per_step, self._collectives))
         check_on_one_device(self._names, [p.device for p in self._params], schedule["levels"])
         log_path, tensorboard_dir = schedule.pop("log_path"), schedule.pop("tensorboard_dir")
         self._accordion = Accordion(self._names, **schedule)
         # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
         self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
-        self._exchange = BucketedExchange(self._accordion, self._reducer, self._ops, self._params)
+        self._exchange = BucketedExchange(self._accordion, self._reducer, self._params)
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
         if self._accordion.adaptive and self._accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
@@ -98,7 +98,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """A collective. Run at construction, or under ``hvd.elastic`` at every state sync:
         there a worker that joins builds its optimizer while the others train, and must
         not enter a collective they do not."""
-        check_same_exchange_on_all_ranks(self._ops, self._names, [p.shape for p in self._params],
+        check_same_exchange_on_all_ranks(self._collectives, self._names, [p.shape for p in self._params],
                                          [p.dtype for p in self._params], self._compression,
                                          self._accordion.policy)
 
@@ -162,7 +162,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._reset_buckets()  # after a failed collective too: elastic retries the step
         for layer, p in enumerate(self._params):
-            grad = averaged[layer] * self._ops.size() if self.op == hvd.Sum else averaged[layer]
+            grad = averaged[layer] * self._collectives.size() if self.op == hvd.Sum else averaged[layer]
             if p.grad is None:
                 p.grad = grad.clone()  # the average may be a view of a buffer that the next step reuses
             elif p.grad.is_sparse:
@@ -295,13 +295,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._steps.reset()
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
-        self._ops.take_bytes_sent()  # and their traffic is no step's
+        self._collectives.take_bytes_sent()  # and their traffic is no step's
 
     def _owns(self, saved):
         """Whether ``saved``'s per-rank part is this process's own: saved by it (an elastic commit,
         whatever its rank is now), or on this rank at this world size."""
         mine = saved["per_rank"]
-        return mine.get("owner") == self._owner or (mine["rank"], mine["size"]) == (self._ops.rank(), self._ops.size())
+        here = (self._collectives.rank(), self._collectives.size())
+        return mine.get("owner") == self._owner or (mine["rank"], mine["size"]) == here
 
     def _load_accordion_state(self, saved):
         mine, own = saved["per_rank"], self._owns(saved)
@@ -334,7 +335,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     if hvd.rank() == root_rank:
         shared = optimizer.state_dict()
         shared["accordion"] = dict(shared["accordion"], per_rank=None)
-    shared = _broadcast_state(shared, root_rank, process_set, optimizer._ops.device)
+    shared = _broadcast_state(shared, root_rank, process_set, optimizer._tensors.device)
     own = optimizer.state_dict()["accordion"]["per_rank"]
     shared["accordion"]["per_rank"] = own
     optimizer.load_state_dict(shared)

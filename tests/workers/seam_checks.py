@@ -154,7 +154,7 @@ def check_two_unnamed_optimizers_over_same_shaped_parts_do_not_collide():
     parts = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)]
     optimizers = [hvd.DistributedOptimizer(torch.optim.SGD(part.parameters(), lr=0.1),
                                            compression=Compression.powersgd(1)) for part in parts]
-    assert optimizers[0]._ops.name_prefix != optimizers[1]._ops.name_prefix
+    assert optimizers[0]._collectives.name_prefix != optimizers[1]._collectives.name_prefix
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(hvd.rank()))
     for optimizer in optimizers:
         optimizer.zero_grad()
@@ -253,7 +253,7 @@ def check_ranks_that_built_different_numbers_of_exchanges_agree_on_collective_na
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(),
                                          compression=Compression.powersgd(2, 1))
-    prefixes = horovod.allgather_object(optimizer._ops.name_prefix)
+    prefixes = horovod.allgather_object(optimizer._collectives.name_prefix)
     assert prefixes[0] == prefixes[1], prefixes
     optimizer.zero_grad()
     micro_batch_loss(model, 0).backward()

@@ -14,8 +14,10 @@ import horovod_accordion.keras as hvd_keras
 import horovod_accordion.tensorflow as hvd
 from horovod_accordion.batch import BatchSwitch
 from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
-from horovod_accordion.tensorflow.ops import TensorFlowOps
-from horovod_accordion.torch.ops import TorchOps
+from horovod_accordion.tensorflow.ops import TensorFlowCollectives
+from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
+from horovod_accordion.torch.ops import TorchCollectives
+from horovod_accordion.torch_tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
 
@@ -40,11 +42,11 @@ def rank_gradients(step):
     return [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]
 
 
-class Float64TorchOps(Float64State, TorchOps):
+class Float64TorchTensors(Float64State, TorchTensorOps):
     """The torch reducer's maths and state in fp64."""
 
 
-class Float64TensorFlowOps(TensorFlowOps):
+class Float64TensorFlowTensors(TensorFlowTensorOps):
     """The TF reducer's maths and state in fp64."""
 
     def state(self, array, name):
@@ -54,10 +56,21 @@ class Float64TensorFlowOps(TensorFlowOps):
         return tf.reshape(tf.cast(tf.convert_to_tensor(grad), tf.float64), shape)
 
 
-def run_both(make_reducer, levels_per_step, ops=(TorchOps, TensorFlowOps), dtype=np.float32):
+def torch_backends(tensors=None):
+    """Tensor maths (fp32 unless given) and Horovod's torch collectives."""
+    tensors = tensors or TorchTensorOps()
+    return tensors, TorchCollectives(tensors, horovod_torch.global_process_set)
+
+
+def tf_backends(tensors=None):
+    tensors = tensors or TensorFlowTensorOps()
+    return tensors, TensorFlowCollectives(tensors, horovod_tf.global_process_set)
+
+
+def run_both(make_reducer, levels_per_step, tensors=(TorchTensorOps, TensorFlowTensorOps), dtype=np.float32):
     """The same gradients, seeds and levels through the torch and the TF reducer."""
-    torch_reducer = make_reducer(ops[0](), TORCH_SHAPES)
-    tf_reducer = make_reducer(ops[1](), SHAPES)
+    torch_reducer = make_reducer(torch_backends(tensors[0]()), TORCH_SHAPES)
+    tf_reducer = make_reducer(tf_backends(tensors[1]()), SHAPES)
     for step, levels in enumerate(levels_per_step):
         torch_reducer.set_levels(levels)
         tf_reducer.set_levels(levels)
@@ -86,19 +99,19 @@ def check_cross_framework_powersgd_equivalence():
     config = hvd.Compression.powersgd(low_rank=3, high_rank=1, min_compression_rate=0)
     # ranks 3,3 then a switch to 1, then back to 3: the warm start survives both ways
     levels = [[3] * 4] * 2 + [[1] * 4] * 2 + [[3] * 4] * 2
-    run_both(lambda ops, shapes: PowerSGDReducer(shapes, config, ops), levels,
-             ops=(Float64TorchOps, Float64TensorFlowOps), dtype=np.float64)
+    run_both(lambda backends, shapes: PowerSGDReducer(shapes, config, *backends), levels,
+             tensors=(Float64TorchTensors, Float64TensorFlowTensors), dtype=np.float64)
 
 
 def check_a_keras_conv_kernel_is_compressed_as_kh_kw_in_by_out():
     """(3, 3, 64, 128) is the 576 × 128 matrix, as torch's (128, 64, 3, 3) is 128 × 576, and a
     1×1 kernel is 64 × 128: at rank 1 each sends n + m floats for P and Q."""
-    ops = TensorFlowOps()
+    tensors, collectives = tf_backends()
     shapes = [(3, 3, 64, 128), (1, 1, 64, 128)]
-    reducer = PowerSGDReducer(shapes, hvd.Compression.powersgd(1), ops)
+    reducer = PowerSGDReducer(shapes, hvd.Compression.powersgd(1), tensors, collectives)
     assert [tuple(reducer.memory[i].shape) for i in reducer.compressed] == [(576, 128), (64, 128)]
     reducer.reduce([tf.ones(shape) for shape in shapes])
-    sent = ops.take_bytes_sent()
+    sent = collectives.take_bytes_sent()
     assert sent == 4 * (576 + 128 + 64 + 128), sent
     return sent
 
@@ -106,7 +119,7 @@ def check_a_keras_conv_kernel_is_compressed_as_kh_kw_in_by_out():
 def check_cross_framework_topk_equivalence():
     config = hvd.Compression.topk(0.7, 0.1)
     levels = [[0.7] * 4] * 2 + [[0.1] * 4] * 3 + [[0.7] * 4]
-    run_both(lambda ops, shapes: TopKReducer(shapes, config, ops), levels)
+    run_both(lambda backends, shapes: TopKReducer(shapes, config, *backends), levels)
 
 
 LADDERS = (hvd.Compression.powersgd(4, 1, ladder=(4, 2, 1), min_compression_rate=0),
@@ -116,8 +129,8 @@ LADDERS = (hvd.Compression.powersgd(4, 1, ladder=(4, 2, 1), min_compression_rate
 def check_the_policies_error_tables_and_costs_agree_across_frameworks():
     """The torch and the TF reducer measure the same errors on the same Δ, in fp64."""
     for config, make in zip(LADDERS, (PowerSGDReducer, TopKReducer)):
-        torch_reducer, tf_reducer = make(TORCH_SHAPES, config, Float64TorchOps()), make(SHAPES, config,
-                                                                                          Float64TensorFlowOps())
+        torch_reducer = make(TORCH_SHAPES, config, *torch_backends(Float64TorchTensors()))
+        tf_reducer = make(SHAPES, config, *tf_backends(Float64TensorFlowTensors()))
         deltas = [g.astype(np.float64) for g in rank_gradients(0)]
         ours = torch_reducer.approximation_errors([torch.from_numpy(g.reshape(s)) for g, s in zip(deltas, TORCH_SHAPES)],
                                                   config.levels).numpy()
@@ -474,9 +487,10 @@ def check_keras_none_and_fp16_with_a_log_path_record_their_traffic_and_train_as_
 def check_a_non_finite_gradient_leaves_tensorflow_state_clean():
     """As on torch: one inf on rank 1 at step 1 leaves layer 0's memory, Q or residual as it
     was on every rank, that step's layer-0 average is non-finite, and later steps are finite."""
-    for make in (lambda ops: PowerSGDReducer(SHAPES, hvd.Compression.powersgd(2, 1, min_compression_rate=0), ops),
-                 lambda ops: TopKReducer(SHAPES, hvd.Compression.topk(0.5, 0.1), ops)):
-        reducer = make(TensorFlowOps())
+    for make in (lambda backends: PowerSGDReducer(SHAPES, hvd.Compression.powersgd(2, 1, min_compression_rate=0),
+                                                  *backends),
+                 lambda backends: TopKReducer(SHAPES, hvd.Compression.topk(0.5, 0.1), *backends)):
+        reducer = make(tf_backends())
         for step in range(4):
             grads = rank_gradients(step)
             if step == 1 and hvd.rank() == 1:

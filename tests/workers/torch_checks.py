@@ -463,7 +463,7 @@ def check_powersgd_computes_p_and_q_into_buffers_kept_across_steps():
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named,
                                          compression=Compression.powersgd(2, min_compression_rate=0))
     train(model, optimizer, 1)
-    buffers = optimizer._ops._buffers
+    buffers = optimizer._tensors._buffers
     first = {name: buffer.data_ptr() for name, buffer in buffers.items()}
     assert sorted(first) == ["P.b0", "Q.b0"], sorted(first)
     storages = {buffer.untyped_storage().data_ptr() for buffer in buffers.values()}

@@ -1,0 +1,60 @@
+"""The collectives that the reducers and the exchange call, over a backend's tensor maths.
+
+Each backend supplies the collectives of one flat tensor (``start_allreduce_mean``,
+``start_allgather``) and the world's ``size`` and ``rank``: Horovod's torch ops
+(``torch/ops.py``), torch.distributed for DDP (``ddp/ops.py``) and Horovod's TF ops
+(``tensorflow/ops.py``). Fusing a list of tensors into one allreduce per wire dtype, as torch's
+``powerSGD_hook`` buckets them, is written here once. Imports no framework.
+"""
+
+__all__ = ["Collectives"]
+
+
+class Collectives:
+    """Args:
+        tensors: the backend's tensor maths, whose flat buffers the collectives send.
+
+    A backend adds ``size()``, ``rank()``, ``start_allreduce_mean(flat, name, compression)``
+    and ``start_allgather(flat, name)``; each started collective's ``wait()`` gives its result,
+    and each adds the bytes this rank sends to ``bytes_sent``.
+    """
+
+    name_prefix = None  # Horovod matches collectives by name (``arguments.collective_prefix``)
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+        self.bytes_sent = 0
+
+    def start_allreduce_means(self, tensors, name, compression=None):
+        """Start averaging each of ``tensors`` over ranks with one allreduce per wire dtype,
+        instead of one call per layer. Returns the pending result: its ``wait()`` gives the
+        averages, in order."""
+        groups = {}
+        for i, tensor in enumerate(tensors):
+            groups.setdefault(self.tensors.wire_dtype(tensor), []).append(i)
+        started = [(indices, self.start_allreduce_mean(
+                        self.tensors.flat_concat([tensors[i] for i in indices], wire_dtype), f"{name}.{wire_dtype}",
+                        compression))
+                   for wire_dtype, indices in groups.items()]
+        return _FusedAverage(self.tensors, tensors, started)
+
+    def allreduce_means(self, tensors, name, compression=None):
+        return self.start_allreduce_means(tensors, name, compression).wait()
+
+    def take_bytes_sent(self):
+        """The bytes sent since the last call."""
+        sent, self.bytes_sent = self.bytes_sent, 0
+        return sent
+
+
+class _FusedAverage:
+    def __init__(self, tensors, inputs, started):
+        self.tensors, self.inputs, self.started = tensors, inputs, started
+
+    def wait(self):
+        outputs = [None] * len(self.inputs)
+        for indices, pending in self.started:
+            members = [self.inputs[i] for i in indices]
+            for i, value in zip(indices, self.tensors.split_like(pending.wait(), members)):
+                outputs[i] = value
+        return outputs
