@@ -7,7 +7,7 @@ Each backend supplies the collectives of one flat tensor (``start_allreduce_mean
 ``powerSGD_hook`` buckets them, is written here once. Imports no framework.
 """
 
-__all__ = ["Collectives"]
+__all__ = ["Collectives", "Done"]
 
 
 class Collectives:
@@ -16,7 +16,8 @@ class Collectives:
 
     A backend adds ``size()``, ``rank()``, ``start_allreduce_mean(flat, name, compression)``
     and ``start_allgather(flat, name)``; each started collective's ``wait()`` gives its result,
-    and each adds the bytes this rank sends to ``bytes_sent``.
+    and each adds the bytes this rank sends to ``bytes_sent``. ``flat`` is the collective's to
+    overwrite: averaging it in place spares the split of a packed buffer (``pack_products``).
     """
 
     name_prefix = None  # Horovod matches collectives by name (``arguments.collective_prefix``)
@@ -45,6 +46,17 @@ class Collectives:
         """The bytes sent since the last call."""
         sent, self.bytes_sent = self.bytes_sent, 0
         return sent
+
+
+class Done:
+    """A collective whose result is there as soon as it is started: a TF graph op (TF runs it
+    when its inputs are ready), or the advisor's simulated world."""
+
+    def __init__(self, output):
+        self.output = output
+
+    def wait(self):
+        return self.output
 
 
 class _FusedAverage:

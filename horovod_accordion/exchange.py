@@ -29,15 +29,15 @@ class BucketedExchange:
     def __init__(self, accordion, reducer, params):
         self.accordion, self.reducer = accordion, reducer
         self.tensors, self.collectives = reducer.tensors, reducer.collectives
-        ops = self.tensors
+        tensors = self.tensors
         accordion.attach(reducer)
         # The window's Δ and its non-finite counts; no Δ when nothing reads it.
-        self.accumulated = [ops.delta_like(p) for p in params] if accordion.keeps_delta else []
+        self.accumulated = [tensors.delta_like(p) for p in params] if accordion.keeps_delta else []
         # Whether the window now running adds to Δ: a level holder, so that a traced step (TF),
         # frozen at its tracing, reads it at run time; the exchange sets it as windows close.
-        self.accumulating = ops.level(accordion.window_accumulates, "window_accumulates") \
+        self.accumulating = tensors.level(accordion.window_accumulates, "window_accumulates") \
             if accordion.keeps_delta else None
-        self.non_finite_counts = ops.counters(len(params)) if accordion.adaptive else None
+        self.non_finite_counts = tensors.counters(len(params)) if accordion.adaptive else None
         self.started = {}  # bucket -> its BucketReduction, for the step in progress
 
     def observe_lr(self, lr):
@@ -61,14 +61,14 @@ class BucketedExchange:
         finite (read once per window, so the step never waits on the device), and add the
         finite ones to Δ. A non-finite gradient (an overflow that a GradScaler will skip) stays
         out of Δ, so the next check stays finite."""
-        ops = self.tensors
-        finite = ops.finite_flags(grads)
-        ops.add_at(self.non_finite_counts, layers, ops.false_as_ones(finite))
+        tensors = self.tensors
+        finite = tensors.finite_flags(grads)
+        tensors.add_at(self.non_finite_counts, layers, tensors.false_as_ones(finite))
         if self.accumulated:
             def accumulate():
                 for k, layer in enumerate(layers):
-                    ops.add_if(self.accumulated[layer], finite[k], grads[k])
-            ops.when(self.accumulating, accumulate)
+                    tensors.add_if(self.accumulated[layer], finite[k], grads[k])
+            tensors.when(self.accumulating, accumulate)
 
     def load_schedule(self, schedule):
         """Restore the schedule's ``state_dict()``: its windows, hence whether this one adds to Δ."""
@@ -119,7 +119,7 @@ class BucketedExchange:
         ``check_norm``), let the schedule decide and give the reducer the new levels; empty Δ
         after a check and after a window that feeds none. Warns about the layers with
         non-finite gradients in the window."""
-        accordion, ops, collectives, reducer = self.accordion, self.tensors, self.collectives, self.reducer
+        accordion, tensors, collectives, reducer = self.accordion, self.tensors, self.collectives, self.reducer
         empty = accordion.window_empties_delta
         if accordion.window_is_check:
             accumulated = self.accumulated
@@ -127,15 +127,15 @@ class BucketedExchange:
             errors = reducer.approximation_errors(accumulated, accordion.ladder) \
                 if accordion.policy.measures_errors else None
             if accordion.check_norm == "local":
-                local = ops.squared_norms(accumulated)
-                table = ops.to_floats(collectives.start_allreduce_mean(
-                    local if errors is None else ops.concat([local, errors]), "norms").wait())
+                local = tensors.squared_norms(accumulated)
+                table = tensors.to_floats(collectives.start_allreduce_mean(
+                    local if errors is None else tensors.concat([local, errors]), "norms").wait())
                 squared, errors = table[:len(accumulated)], table[len(accumulated):]
             else:
                 if errors is not None:
-                    errors = ops.to_floats(collectives.start_allreduce_mean(errors, "errors").wait())
+                    errors = tensors.to_floats(collectives.start_allreduce_mean(errors, "errors").wait())
                 # Δ is emptied after a check, so the collective may write the average into it.
-                squared = ops.to_floats(ops.squared_norms(collectives.allreduce_means(accumulated, "delta")))
+                squared = tensors.to_floats(tensors.squared_norms(collectives.allreduce_means(accumulated, "delta")))
             rungs = len(accordion.ladder)
             errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
                 if errors else None
@@ -148,28 +148,29 @@ class BucketedExchange:
                 self.verify_same_levels()
         if empty:
             for total in self.accumulated:
-                ops.zero(total)
+                tensors.zero(total)
         self.follow_schedule()
         if self.non_finite_counts is not None:
-            self._warn_non_finite(ops.to_floats(ops.read(self.non_finite_counts)))
-            ops.zero(self.non_finite_counts)
+            self._warn_non_finite(tensors.to_floats(tensors.read(self.non_finite_counts)))
+            tensors.zero(self.non_finite_counts)
 
     def _warn_non_finite(self, counts):
         accordion = self.accordion
         layers = [f"{name!r} ({int(n)} steps)" for name, n in zip(accordion.layer_names, counts) if n > 0]
         if layers:
             warnings.warn(
-                f"rank {self.collectives.rank()}: non-finite gradients in the window that ended at step {accordion.step}: "
+                f"rank {self.collectives.rank()}: non-finite gradients in the window that ended at step "
+                f"{accordion.step}: "
                 f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
                 f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
 
     def verify_same_levels(self):
         """``verify_levels``: gather every rank's levels, step and window, and raise on every rank
         if any differ. All ranks see the same gathered rows, so they all raise or none does."""
-        accordion, ops, collectives = self.accordion, self.tensors, self.collectives
+        accordion, tensors, collectives = self.accordion, self.tensors, self.collectives
         mine = [float(level) for level in accordion.levels] + [float(accordion.step),
                                                                float(accordion.detector.windows_seen)]
-        rows = ops.to_floats(collectives.start_allgather(ops.from_floats(mine), "verify_levels").wait())
+        rows = tensors.to_floats(collectives.start_allgather(tensors.from_floats(mine), "verify_levels").wait())
         collectives.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
         if any(row != rows[0] for row in rows):
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]
@@ -177,7 +178,8 @@ class BucketedExchange:
             layers = sorted({names[k] for row in rows for k in range(len(names)) if row[k] != rows[0][k]})
             raise RuntimeError(
                 f"verify_levels: after the levels were decided at step {accordion.step}, rank(s) {ranks} of this "
-                f"process set differ from its first rank (levels, step, window; rows {rows}); layers that differ: {layers}")
+                f"process set differ from its first rank (levels, step, window; rows {rows}); layers that differ: "
+                f"{layers}")
 
     def state_dict(self):
         """The schedule and the shared compression state (Q, levels), and in ``per_rank``
@@ -229,7 +231,8 @@ class BucketedExchange:
         warnings.warn(
             f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
             f"large batch in progress) is rank {mine['rank']}'s of {mine['size']}, not this rank's "
-            f"({self.collectives.rank()} of {self.collectives.size()}): it restarts from zero here. Save one state_dict per "
+            f"({self.collectives.rank()} of {self.collectives.size()}): it restarts from zero here. Save one "
+            f"state_dict per "
             f"rank to resume exactly.")
         for holder in [*(h for entries in per_rank.values() for h in entries.values()), *self.accumulated]:
             self.tensors.zero(holder)

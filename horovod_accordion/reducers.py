@@ -108,6 +108,8 @@ class _Reducer:
         return BucketReduction(self.phases(list(layers), list(grads), name))
 
     def reduce(self, grads):
+        """``grads`` averaged, as a list; an average may be a view of a buffer that the next
+        step overwrites: copy what you keep."""
         outputs = BucketReduction.finish([self.start(range(len(grads)), grads)])
         return [outputs[i] for i in range(len(grads))]
 
@@ -193,19 +195,18 @@ class PowerSGDReducer(_Reducer):
 
     def __init__(self, shapes, config, tensors, collectives):
         super().__init__(shapes, config, tensors, collectives)
-        ops = tensors
         # Each tensor's n×m matrix in its framework's layout (``tensors.matrix_shape``).
-        self.matrices = {i: ops.matrix_shape(s) for i, s in enumerate(self.shapes) if is_matrix(s)}
+        self.matrices = {i: tensors.matrix_shape(s) for i, s in enumerate(self.shapes) if is_matrix(s)}
         self.compressed = [i for i, nm in self.matrices.items() if powersgd_compresses(nm, config)]
         self.memory, self.q, self.ranks, self.draws = {}, {}, {}, {}
         for i in self.compressed:
             n, m = self.matrices[i]
             width = clamped_rank(config.low_rank, self.matrices[i])
-            self.memory[i] = ops.state(np.zeros((n, m)), f"powersgd_memory_{i}")
-            self.q[i] = ops.state(initial_query(config.seed, i, m, width), f"powersgd_q_{i}")
-            self.ranks[i] = ops.level(width, f"powersgd_rank_{i}")
+            self.memory[i] = tensors.state(np.zeros((n, m)), f"powersgd_memory_{i}")
+            self.q[i] = tensors.state(initial_query(config.seed, i, m, width), f"powersgd_q_{i}")
+            self.ranks[i] = tensors.level(width, f"powersgd_rank_{i}")
             if not config.warm_start:
-                self.draws[i] = ops.level(0, f"powersgd_draws_{i}")
+                self.draws[i] = tensors.level(0, f"powersgd_draws_{i}")
         clamped = sorted({self.shapes[i] for i in self.compressed if clamped_rank(config.low_rank, self.matrices[i])
                           < config.low_rank})
         if clamped:
@@ -225,45 +226,49 @@ class PowerSGDReducer(_Reducer):
         """‖Δ − P (Δᵀ P)ᵀ‖² of each compressed layer at each rank of ``ladder``, with P =
         orthogonalize(Δ Q) from the layer's own Q: one power iteration, as a step runs it, on
         this rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
-        ops, residuals = self.tensors, []
+        tensors, residuals = self.tensors, []
         for i in self.compressed:
-            delta, q = ops.as_matrix(accumulated[i], self.matrices[i]), ops.read(self.q[i])
+            delta, q = tensors.as_matrix(accumulated[i], self.matrices[i]), tensors.read(self.q[i])
             for rank in ladder:
-                p = ops.orthogonalize(ops.matmul(delta, ops.columns(q, 0, clamped_rank(rank, self.matrices[i]))))
-                residuals.append(delta - ops.matmul(p, ops.transpose(ops.matmul(ops.transpose(delta), p))))
-        return ops.squared_norms(residuals) if residuals else None
+                query = tensors.columns(q, 0, clamped_rank(rank, self.matrices[i]))
+                p = tensors.orthogonalize(tensors.matmul(delta, query))
+                q_of_delta = tensors.matmul(tensors.transpose(delta), p)
+                residuals.append(delta - tensors.matmul(p, tensors.transpose(q_of_delta)))
+        return tensors.squared_norms(residuals) if residuals else None
 
     def phases(self, layers, grads, name):
-        ops = self.tensors
+        tensors = self.tensors
         compressed = [(i, g) for i, g in zip(layers, grads) if i in self.ranks]
         dense = [(i, g) for i, g in zip(layers, grads) if i not in self.ranks]
         matrices = []
         for i, grad in compressed:
-            m = ops.as_matrix(grad, self.matrices[i])
+            m = tensors.as_matrix(grad, self.matrices[i])
             if self.config.use_error_feedback:
-                m = m + ops.read(self.memory[i])
+                m = m + tensors.read(self.memory[i])
             matrices.append(m)
         # P = M Q of every layer, and the bucket's 1-D gradients, in the buffer the allreduce reads.
-        queries = [ops.leading_columns(self.q[i], self.ranks[i]) for i, _ in compressed]
+        queries = [tensors.leading_columns(self.q[i], self.ranks[i]) for i, _ in compressed]
         pending = self.collectives.start_allreduce_means(
-            ops.pack_products(f"P{name}", list(zip(matrices, queries)), [g for _, g in dense]), f"powersgd.P{name}")
+            tensors.pack_products(f"P{name}", list(zip(matrices, queries)), [g for _, g in dense]), f"powersgd.P{name}")
         yield
         reduced = pending.wait()
-        outputs = {i: value for (i, _), value in zip(dense, reduced[len(matrices):])}
-        ps = [ops.orthogonalize(p) for p in reduced[:len(matrices)]]
-        products = [(ops.transpose(m), p) for m, p in zip(matrices, ps)]
-        pending = self.collectives.start_allreduce_means(ops.pack_products(f"Q{name}", products, []),
+        outputs = {i: tensors.like(value, grad) for (i, grad), value in zip(dense, reduced[len(matrices):])}
+        ps = [tensors.orthogonalize(p) for p in reduced[:len(matrices)]]
+        products = [(tensors.transpose(m), p) for m, p in zip(matrices, ps)]
+        pending = self.collectives.start_allreduce_means(tensors.pack_products(f"Q{name}", products, []),
                                                          f"powersgd.Q{name}")
         yield
         for (i, grad), m, p, q in zip(compressed, matrices, ps, pending.wait()):
-            approximation = ops.matmul(p, ops.transpose(q))
+            approximation = tensors.matmul(p, tensors.transpose(q))
             if self.config.use_error_feedback:
-                ops.assign_if_finite(self.memory[i], m - approximation)
+                tensors.assign_if_finite(self.memory[i], m - approximation)
             if self.config.warm_start:
-                ops.assign_leading_columns(self.q[i], ops.finite_or(q, ops.leading_columns(self.q[i], self.ranks[i])))
+                kept = tensors.leading_columns(self.q[i], self.ranks[i])
+                tensors.assign_leading_columns(self.q[i], tensors.finite_or(q, kept))
             else:
-                ops.assign(self.q[i], ops.random_normal(self.q[i], query_stream(self.config.seed, i), self.draws[i]))
-            outputs[i] = ops.like(approximation, grad)
+                drawn = tensors.random_normal(self.q[i], query_stream(self.config.seed, i), self.draws[i])
+                tensors.assign(self.q[i], drawn)
+            outputs[i] = tensors.like(approximation, grad)
         return outputs
 
     def state(self):
@@ -301,11 +306,10 @@ class TopKReducer(_Reducer):
 
     def __init__(self, shapes, config, tensors, collectives):
         super().__init__(shapes, config, tensors, collectives)
-        ops = tensors
         self.compressed = [i for i, s in enumerate(self.shapes) if is_matrix(s) and np.prod(s) > 0]
         self.numels = {i: int(np.prod(self.shapes[i])) for i in self.compressed}
-        self.residual = {i: ops.state(np.zeros(self.numels[i]), f"topk_residual_{i}") for i in self.compressed}
-        self.fractions = {i: ops.level(float(config.low_fraction), f"topk_fraction_{i}") for i in self.compressed}
+        self.residual = {i: tensors.state(np.zeros(self.numels[i]), f"topk_residual_{i}") for i in self.compressed}
+        self.fractions = {i: tensors.level(float(config.low_fraction), f"topk_fraction_{i}") for i in self.compressed}
         self.index_dtypes = {i: index_dtype(self.numels[i]) for i in self.compressed}
 
     def set_levels(self, levels):
@@ -330,12 +334,12 @@ class TopKReducer(_Reducer):
     def approximation_errors(self, accumulated, ladder):
         """‖Δ − TopK(Δ)‖² of each compressed layer at each fraction of ``ladder``, on this
         rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
-        ops, residuals = self.tensors, []
+        tensors, residuals = self.tensors, []
         for i in self.compressed:
-            delta = ops.as_matrix(accumulated[i], (-1,))
-            residuals += [ops.zeroed_at(delta, ops.top_abs_indices(delta, kept_count(fraction, self.numels[i])))
+            delta = tensors.as_matrix(accumulated[i], (-1,))
+            residuals += [tensors.zeroed_at(delta, tensors.top_abs_indices(delta, kept_count(fraction, self.numels[i])))
                           for fraction in ladder]
-        return ops.squared_norms(residuals) if residuals else None
+        return tensors.squared_norms(residuals) if residuals else None
 
     def _sparse(self, i, k):
         if self.config.wire != "auto":
@@ -343,29 +347,30 @@ class TopKReducer(_Reducer):
         return sparse_is_cheaper(k, self.numels[i], index_bytes(self.index_dtypes[i]), self.collectives.size())
 
     def phases(self, layers, grads, name):
-        ops, collectives = self.tensors, self.collectives
+        tensors, collectives = self.tensors, self.collectives
         sparsified, payload, dense = [], [], []
         for i, grad in zip(layers, grads):
             if i not in self.fractions:
                 continue
-            m = ops.as_matrix(grad, (-1,))
+            m = tensors.as_matrix(grad, (-1,))
             if self.config.use_error_feedback:
-                m = m + ops.read(self.residual[i])
-            k = ops.kept_count(self.fractions[i], m)
-            indices = ops.top_abs_indices(m, k)
-            rest = ops.zeroed_at(m, indices)
+                m = m + tensors.read(self.residual[i])
+            k = tensors.kept_count(self.fractions[i], m)
+            indices = tensors.top_abs_indices(m, k)
+            rest = tensors.zeroed_at(m, indices)
             sparse = self._sparse(i, k)
-            payload.append(ops.cond(
-                sparse, lambda m=m, i=i, indices=indices: ops.concat(
-                    [ops.float_bits(ops.gather(m, indices)), ops.pack_indices(indices, self.index_dtypes[i])]),
-                ops.empty_words))
-            dense.append(ops.cond(sparse, ops.empty_floats, lambda m=m, rest=rest: m - rest))
+            payload.append(tensors.cond(
+                sparse, lambda m=m, i=i, indices=indices: tensors.concat(
+                    [tensors.float_bits(tensors.gather(m, indices)),
+                     tensors.pack_indices(indices, self.index_dtypes[i])]),
+                tensors.empty_words))
+            dense.append(tensors.cond(sparse, tensors.empty_floats, lambda m=m, rest=rest: m - rest))
             sparsified.append((i, grad, m, k, rest, sparse))
         uncompressed = [(i, g) for i, g in zip(layers, grads) if i not in self.fractions]
         averaging = collectives.start_allreduce_means(dense + [g for _, g in uncompressed], f"topk.dense{name}")
         # At ℓ_low (TopK 99 %) every layer may go dense: then torch makes no empty allgather.
-        any_sparse = payload and ops.any_flag([sparse for *_, sparse in sparsified])
-        gathering = collectives.start_allgather(ops.concat(payload), f"topk{name}") if any_sparse else None
+        any_sparse = payload and tensors.any_flag([sparse for *_, sparse in sparsified])
+        gathering = collectives.start_allgather(tensors.concat(payload), f"topk{name}") if any_sparse else None
         yield
         reduced = averaging.wait()
         gathered = gathering.wait() if gathering is not None else None
@@ -375,16 +380,16 @@ class TopKReducer(_Reducer):
             words = k + packed_index_words(k, self.index_dtypes[i])
 
             def sparse_average(m=m, i=i, k=k, offset=offset, words=words):
-                values = ops.bits_float(ops.columns(gathered, offset, offset + k))
-                indices = ops.unpack_indices(ops.columns(gathered, offset + k, offset + words), k,
+                values = tensors.bits_float(tensors.columns(gathered, offset, offset + k))
+                indices = tensors.unpack_indices(tensors.columns(gathered, offset + k, offset + words), k,
                                              self.index_dtypes[i])
-                return ops.scatter_mean(m, indices, values)
+                return tensors.scatter_mean(m, indices, values)
 
-            average = ops.cond(sparse, sparse_average, lambda dense_average=dense_average: dense_average)
-            offset = offset + ops.cond(sparse, lambda words=words: words, lambda: ops.zero_count())
+            average = tensors.cond(sparse, sparse_average, lambda dense_average=dense_average: dense_average)
+            offset = offset + tensors.cond(sparse, lambda words=words: words, lambda: tensors.zero_count())
             if self.config.use_error_feedback:
-                ops.assign_if_finite(self.residual[i], rest, also=average)
-            outputs[i] = ops.like(average, grad)
+                tensors.assign_if_finite(self.residual[i], rest, also=average)
+            outputs[i] = tensors.like(average, grad)
         return outputs
 
     def state(self):

@@ -278,13 +278,18 @@ class TorchTensorOps:
         if not products:
             return list(tensors)
         dtype = products[0][0].dtype
-        sizes = [a.shape[0] * b.shape[1] for a, b in products] + [t.numel() for t in tensors if t.dtype == dtype]
+
+        def packed(t):
+            return _WIRE_DTYPES.get(t.dtype, t.dtype) == dtype
+
+        sizes = [a.shape[0] * b.shape[1] for a, b in products] + [t.numel() for t in tensors if packed(t)]
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() != sum(sizes) or buffer.dtype != dtype:  # a new level, DDP's new buckets
             buffer = self._buffers[name] = torch.empty(sum(sizes), dtype=dtype, device=self.device)
         chunks = iter(buffer.split(sizes))
-        out = [self.matmul(a, b, out=next(chunks)) for a, b in products]
-        return out + [next(chunks).view(t.shape).copy_(t) if t.dtype == dtype else t for t in tensors]
+        # Detached: a gradient made with create_graph=True has a history, which out= refuses.
+        out = [self.matmul(a.detach(), b.detach(), out=next(chunks)) for a, b in products]
+        return out + [next(chunks).view(t.shape).copy_(t.detach()) if packed(t) else t for t in tensors]
 
     def _packed_buffer(self, tensors):
         """The ``pack_products`` buffer that ``tensors`` fill exactly, in order, or ``None``."""
@@ -313,8 +318,13 @@ class TorchTensorOps:
         return torch.cat([t.reshape(-1).to(dtype) for t in tensors])
 
     def split_like(self, flat, tensors):
-        if flat is self._packed_buffer(tensors):
-            return list(tensors)  # averaged in place, each in its own layout
+        packed = self._packed_buffer(tensors)
+        if packed is not None:
+            # The P and Q of the CPU layout are transposed in the buffer: a collective that gave
+            # back another tensor than the buffer has its result read in the buffer's layout.
+            if flat is not packed:
+                packed.copy_(flat)
+            return list(tensors)
         chunks = flat.split([t.numel() for t in tensors])
         return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
 

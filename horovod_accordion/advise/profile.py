@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from horovod_accordion.accordion import Accordion
 from horovod_accordion.advise.variants import LAYOUTS
 from horovod_accordion.buckets import assign_buckets
-from horovod_accordion.collectives import Collectives
+from horovod_accordion.collectives import Collectives, Done
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.reducers import make_reducer
@@ -30,14 +30,6 @@ BUCKET_CAP_MB = 25  # the default of our optimizer and of DDP
 
 
 CASTS = {"none": Compression.none, "fp16": Compression.fp16}  # Horovod's, where Horovod may not be built
-
-
-class _Done:
-    def __init__(self, value):
-        self.value = value
-
-    def wait(self):
-        return self.value
 
 
 class SimulatedWorld(Collectives):
@@ -61,11 +53,11 @@ class SimulatedWorld(Collectives):
         compression = compression or Compression.none
         wire, ctx = compression.compress(flat)
         self._send("allreduce", wire)
-        return _Done(compression.decompress(wire, ctx))
+        return Done(compression.decompress(wire, ctx))
 
     def start_allgather(self, flat, name):
         self._send("allgather", flat)
-        return _Done(flat.unsqueeze(0).expand(self.workers, -1))
+        return Done(flat.unsqueeze(0).expand(self.workers, -1))
 
     def _send(self, kind, wire):
         size = wire.numel() * wire.element_size()

@@ -159,7 +159,8 @@ class AccordionState:
         reducer, levels = make_reducer(self.compression, [p.shape for p in params], tensors, self._collectives,
                                        PlainCompressor)
         self._plain = DenseReducer(None, None, tensors, self._collectives)  # the steps before start_iter
-        log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir, summary_writer)
+        log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir,
+                                              summary_writer)
         accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **self._schedule_options)
         self._exchange = BucketedExchange(accordion, reducer, params)
         self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch

@@ -6,19 +6,10 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from horovod_accordion.arguments import under_elastic
+from horovod_accordion.collectives import Done
 from horovod_accordion.process_sets import HorovodProcessSetCollectives
 
 __all__ = ["TensorFlowCollectives"]
-
-
-class _Done:
-    """A collective's output as the reducers wait for it."""
-
-    def __init__(self, output):
-        self.output = output
-
-    def wait(self):
-        return self.output
 
 
 class TensorFlowCollectives(HorovodProcessSetCollectives):
@@ -43,28 +34,28 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         """A graph op, done when started (TF runs it when its inputs are ready): the grouped
         allreduce of ``start_allreduce_means`` with one member, so compression, the wire dtype,
         the byte count and the pre/post-scaling are written once."""
-        return _Done(self.start_allreduce_means([flat], name, compression).wait()[0])
+        return Done(self.start_allreduce_means([flat], name, compression).wait()[0])
 
     def start_allreduce_means(self, tensors, name, compression=None):
         """Each of ``tensors`` averaged over ranks by one grouped allreduce, as Horovod's tape does:
         Horovod fuses them in its own buffer, where a concatenation here would copy every
         gradient twice more (1.18x stock Horovod's step on a ResNet-50)."""
         if not tensors:
-            return _Done([])
+            return Done([])
         compression = compression or hvd.Compression.none
         wires = [compression.compress(tf.cast(tensor, self.tensors.wire_dtype(tensor))) for tensor in tensors]
         self.bytes_sent.assign_add(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]))
         reduced = hvd.grouped_allreduce([wire for wire, _ in wires], name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                         prescale_factor=1.0 / self.gradient_predivide_factor,
                                         postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
-        return _Done([tf.cast(compression.decompress(value, ctx), tensor.dtype)
+        return Done([tf.cast(compression.decompress(value, ctx), tensor.dtype)
                       for value, (_, ctx), tensor in zip(reduced, wires, tensors)])
 
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len)."""
         self._count(flat)
         gathered = hvd.allgather(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
-        return _Done(tf.reshape(gathered, [self.size(), -1]))
+        return Done(tf.reshape(gathered, [self.size(), -1]))
 
     def _count(self, tensor):
         self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)

@@ -83,7 +83,8 @@ class AccordionState(tf.Module):
         schedule = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
                         lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
                         verify_levels=verify_levels, policy=policy)
-        schedule.update(schedule_arguments(batch_switch, levels, self._reducer, backward_passes_per_step, self._collectives))
+        schedule.update(schedule_arguments(batch_switch, levels, self._reducer, backward_passes_per_step,
+                                           self._collectives))
         self._schedule = Accordion(names, log=self._log, **schedule)
         self._exchange = BucketedExchange(self._schedule, self._reducer, variables)
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
@@ -158,7 +159,7 @@ class AccordionState(tf.Module):
         root = hvd.rank() == root_rank
         if self.batch_switch is not None:
             with self._python_state():
-                held = self._steps.micro_batches.held  # the micro-batches whose gradients this rank's pending sums hold
+                held = self._steps.held_micro_batches  # the micro-batches whose gradients this rank's pending sums hold
         values = hvd.broadcast_object({k: v.numpy() for k, v in shared.items()} if root else None,
                                       root_rank=root_rank, process_set=self._collectives.process_set,
                                       name="accordion.shared_state")
@@ -166,8 +167,7 @@ class AccordionState(tf.Module):
             variable.assign(values[key])
         if self.batch_switch is not None:
             with self._python_state():  # the root's count: this rank divides by what it holds of it
-                counter = self._steps.micro_batches
-                counter.missing = max(counter.pending - held, 0)
+                self._steps.hold_only(held)
 
     def _shared_variables(self):
         shared = {f"{group}_{i}": holder for group, entries in split_state(self._reducer)[0].items()
@@ -314,6 +314,7 @@ class AccordionState(tf.Module):
         # Keras names variables by creation order (dense_3/kernel:0), while the checkpoint
         # matched them by the object graph: keep this process's names.
         schedule["layer_names"] = self._schedule.layer_names
+        self._steps.check_compatible(saved["micro_batches"])  # before anything is loaded
         self._exchange.load_schedule(schedule)
         self._steps.load_state_dict(saved["micro_batches"])
 
@@ -329,7 +330,11 @@ class _MirroredPythonState:
         state = self.state
         saved = state.schedule_json.numpy().decode()
         if saved != state._synced_json:
-            state._load(saved)
+            try:
+                state._load(saved)
+            except ValueError:
+                state.schedule_json.assign(state._synced_json)  # refused once: the state stays as it was
+                raise
             state._synced_json = saved
         checks = int(state.check_count.numpy())
         if checks != state._synced_checks:

@@ -104,6 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
+        self._steps.backward_passes_per_step = passes  # each step's micro-batches, for the detector's norms
 
     def _reset_buckets(self):
         self._passes = [0] * len(self._params)  # backward passes seen this step, per layer
@@ -276,7 +277,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state["accordion"]["per_rank"].update(
             owner=self._owner,
             gradients=[None if p.grad is None else p.grad.clone() for p in self._params] if pending else None,
-            held=self._steps.micro_batches.held if self._steps.switches_batch else None)
+            held=self._steps.held_micro_batches)
         return state
 
     def load_state_dict(self, state_dict):

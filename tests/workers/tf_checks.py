@@ -280,6 +280,29 @@ def check_custom_loop_tape_under_tf_function_does_not_retrace_on_switch():
     return {"traces": len(traces), "levels": levels}
 
 
+def check_a_checkpoint_of_the_other_batch_switch_setting_is_refused_once_and_leaves_the_state_as_it_was():
+    """Saved with a batch switch, restored without (their ladders alike: one micro-batch, rank 1):
+    the schedule loaded, then the count raised, and so did every later use of the state."""
+    import tempfile
+    import pytest
+    variables = [tf.Variable(tf.zeros(shape)) for shape in SHAPES]
+    config = hvd.Compression.powersgd(1, min_compression_rate=0)
+    switching = hvd.AccordionState(variables, compression=config, batch_switch=BatchSwitch(8, 1), window_steps=1)
+    for micro_batch in range(3):
+        switching.begin_micro_batch(0.1)
+        switching.add_micro_batch([tf.constant(g) for g in rank_gradients(micro_batch)])
+        switching.reduce_pending()
+        switching.end_micro_batch()
+    path = tf.train.Checkpoint(accordion=switching).save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    plain = hvd.AccordionState(variables, compression=config, window_steps=1)
+    before = plain._schedule.state_dict()
+    tf.train.Checkpoint(accordion=plain).restore(path).expect_partial()
+    with pytest.raises(ValueError, match="batch_switch"):
+        plain.levels
+    assert plain._schedule.state_dict() == before and plain.accordion_stats()["checks"] == []
+    return switching._schedule.step
+
+
 def check_checkpoint_round_trip_restores_levels_memory_and_detector():
     import tempfile
     variables = [tf.Variable(tf.zeros(shape)) for shape in SHAPES]

@@ -476,6 +476,25 @@ def check_powersgd_computes_p_and_q_into_buffers_kept_across_steps():
     return {name: buffer.numel() for name, buffer in buffers.items()}
 
 
+def check_set_backward_passes_per_step_counts_that_many_micro_batches_per_step():
+    """Horovod's setter. The detector divides Δ's norms by the micro-batches in it: the step
+    driver kept the count the optimizer was built with, 1, so the norms came out 2x too large."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(2, 1, min_compression_rate=0))
+    optimizer.set_backward_passes_per_step(2)
+    for step in range(3):
+        optimizer.zero_grad()
+        for micro_batch in range(2):
+            x, y = rank_batch(2 * step + micro_batch)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert optimizer._accordion.micro_batches_accumulated == 6, optimizer._accordion.micro_batches_accumulated
+    optimizer.end_epoch()
+    return optimizer.accordion_stats()["checks"][-1]["norms"]
+
+
 EVERY_COMPRESSION = {
     "none": Compression.none, "fp16": Compression.fp16,
     "powersgd static": Compression.powersgd(2), "powersgd adaptive": Compression.powersgd(2, 1),
