@@ -118,7 +118,12 @@ class MicroBatchCounter:
         """``held``: how many of the saved pending micro-batches' gradients this rank restored
         (``None``: all of them)."""
         self.pending, self._level, self._steps_at_level = state["pending"], state["level"], state["steps_at_level"]
-        self.missing = 0 if held is None else self.pending - held
+        self.hold(self.pending if held is None else held)
+
+    def hold(self, held):
+        """This rank holds the gradients of ``held`` of the pending micro-batches (it took another
+        rank's count): its large batch is divided by those."""
+        self.missing = max(self.pending - held, 0)
 
 
 def schedule_arguments(batch_switch, compression_levels, reducer, backward_passes_per_step, collectives):

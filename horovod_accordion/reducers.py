@@ -128,7 +128,6 @@ class DenseReducer(_Reducer):
 
     def __init__(self, shapes, compression, tensors, collectives):
         super().__init__(shapes, compression, tensors, collectives)
-        self.compression = compression
         # As Horovod's optimizer and tape: one process has nothing to average with (unless
         # elastic, where the world may grow).
         self.may_skip_alone = not under_elastic()
@@ -146,7 +145,7 @@ class DenseReducer(_Reducer):
         if self.may_skip_alone and self.collectives.size() == 1:
             yield
             return dict(zip(layers, grads))
-        pending = self.collectives.start_allreduce_means(grads, f"dense{name}", self.compression)
+        pending = self.collectives.start_allreduce_means(grads, f"dense{name}", self.config)  # the compressor
         yield
         return dict(zip(layers, pending.wait()))
 

@@ -48,11 +48,6 @@ class StepDriver:
         a batch switch."""
         return self.micro_batches.held if self.switches_batch else None
 
-    def hold_only(self, held):
-        """This rank took another rank's count (a broadcast) but holds the gradients of ``held``
-        of its pending micro-batches: its large batch is divided by what it holds."""
-        self.micro_batches.missing = max(self.micro_batches.pending - held, 0)
-
     def observe_lr(self, lr):
         """The learning rate of the coming step; a decay event puts every layer at ℓ_low. The
         exchange ignores it once the step's first bucket has started."""

@@ -167,7 +167,7 @@ class AccordionState(tf.Module):
             variable.assign(values[key])
         if self.batch_switch is not None:
             with self._python_state():  # the root's count: this rank divides by what it holds of it
-                self._steps.hold_only(held)
+                self._steps.micro_batches.hold(held)
 
     def _shared_variables(self):
         shared = {f"{group}_{i}": holder for group, entries in split_state(self._reducer)[0].items()
