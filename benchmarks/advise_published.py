@@ -8,7 +8,10 @@ own wire model (``horovod_accordion.advise``) from the hardware the tables ran o
 Why only this paper: it is the one table set we could read in full with a known world size.
 The PowerSGD paper's timing tables, torch's PowerSGD results and Agarwal et al. 2022 state no
 network we could verify, or only an abstract was public; the JSON lists them under
-``not_predicted`` with the reason.
+``not_predicted`` with the reason. A second search for another table set (PowerSGD's own code and
+cluster scripts, HiPress's published step times, GRACE, Espresso, MergeComp, Ok-Topk, ACP-SGD,
+DeepSpeed's 1-bit Adam) found none with an uncompressed and a compressed run at a stated network;
+``not_predicted`` lists each, with what it gives and what it lacks.
 
 The authors' setting, as their code ran it (uw-mad-dash/Accordion, the design notes'
 accordion_spec.md sections 3-7):
@@ -566,6 +569,29 @@ NOT_PREDICTED = [
      "address": ACCORDION_PAPER["address"],
      "found": "Times and data volumes (design notes, section 7).",
      "why_not": "The paper has no dense (batch-size) run of these networks, so no compute time to start from."},
+    {"source": "HiPress authors' overlap profile (SOSP 2021 artifact): torch DDP's powerSGD_hook against HiPress, VGG19",
+     "address": "https://github.com/mark14wu/hipress-overlapping-profile (README.md, step_time/*.txt); "
+                "scripts: https://github.com/mark14wu/hipress-overlapping-profiling-scripts",
+     "found": "'We use 2 nodes to train a vgg19 network, each with one 1080Ti, interconnected with 1000Mbps network.' "
+              "TorchDDP with PowerSGD(rank = 64): 'training step time, which is **794.01ms** in average'; "
+              "step_time/torchddp_2n2c_rank1.txt: 'step time: 318.80 ms' ... 'step time: 325.36 ms' (rank 1), "
+              "'Speed: 40.26 samples/sec' at rank 64, so 32 samples a step per worker.",
+     "why_not": "Only PowerSGD runs (rank 1 against rank 64), no uncompressed run, so no speedup from compression to "
+                "predict; and no compute time for VGG19 on a 1080 Ti. A rank 1 -> 64 prediction would rest on "
+                "the rank-64 orthogonalisation cost, which the advisor does not model for someone else's code."},
+    {"source": "The PowerSGD authors' experiment code, epfml/powersgd (paper-code/, schedule/neurips19/)",
+     "address": "https://github.com/epfml/powersgd/blob/master/paper-code/environment/cluster.py; "
+                "https://github.com/epfml/powersgd/blob/master/schedule/neurips19/system_characterization.py",
+     "found": "cluster.py (a later Google Cloud setup): 'DEFAULT_GPU_TYPE = \"nvidia-tesla-k80\"', "
+              "'DEFAULT_MACHINE_TYPE = \"n1-standard-4\"'; the NeurIPS 2019 scripts register jobs with "
+              "'n_workers = 16', 'gpus = 1' on an EPFL Kubernetes registry ('ic-registry.epfl.ch/mlo/vogels_experiment').",
+     "why_not": "Still no GPU model or network for the NeurIPS 2019 timing tables, and the tables themselves "
+                "(time per batch) were not reachable as text."},
+    {"source": "DeepSpeed 1-bit Adam / 0/1 Adam tutorials (fallback only: sign compression, not PowerSGD or TopK)",
+     "address": "https://deepspeed.ai/tutorials/onebit-adam; https://deepspeed.ai/tutorials/zero-one-adam",
+     "found": "The title 'Up to 5x less communication volume and up to 3.4x faster training' and the setup "
+              "text; no per-step times of both optimizers at a stated link in what we could read.",
+     "why_not": "Not PowerSGD or TopK, and no compute time or paired step times to predict from."},
 ]
 
 
