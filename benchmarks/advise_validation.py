@@ -12,9 +12,11 @@ accordion:powersgd:2/1,accordion:powersgd:4/1,accordion:topk:0.99/0.1 \\
 
 The links are speed.sh's: both ranks share one tbf-limited loopback (``shared_by=2``), with
 the loopback's Gloo latency measured here (a 4-byte allreduce of 2 ranks: 134 µs, 2 hops).
-Two predictions per variant: from the profile as it is, and with its compute times scaled by
-the ratio of the job's own "compute only" row to the profile's step (the same model, timed in
-the benchmark's processes next to Horovod's and Gloo's threads, on a shared machine).
+Two predictions per variant: from the profile as it is, and with every profiled time scaled
+by how much slower the machine ran during that variant's steps: the ratio of the variant's own
+forward pass (``median_forward_s``, timed by speed.py in the same steps, before any gradient
+collective) to the profile's. This machine is shared, and its speed drifts by up to 2x within
+one speed.sh run (its "compute only" rows); no profile taken at another moment can see that.
 """
 import argparse
 import copy
@@ -75,17 +77,22 @@ def profiled_step(profile):
                              zip(compute["forward_s"], compute["backward_s"], compute["optimizer_s"]))
 
 
+def machine_speed(profile, run):
+    """How much slower this shared machine ran during ``run``'s steps than during the profile:
+    the ratio of their forward passes, which no collective of the step touches."""
+    return run["median_forward_s"] / statistics.median(profile["compute"]["forward_s"])
+
+
 def validate(profile, measured):
     rows = []
     for link_name, target in TARGETS.items():
         link = parse_link(link_name, LATENCY_S, shared_by=2)
         runs = measured["links"][link_name]
-        factor = runs["compute only"]["median_step_s"] / profiled_step(profile)
-        calibrated = scaled(profile, factor)
         for name, (variant, layout, note) in VARIANTS.items():
             run = runs[name]
+            factor = machine_speed(profile, run)
             raw = predict(profile, variant, layout, measured["ranks"], link, low_fraction=0.0)
-            fitted = predict(calibrated, variant, layout, measured["ranks"], link, low_fraction=0.0)
+            fitted = predict(scaled(profile, factor), variant, layout, measured["ranks"], link, low_fraction=0.0)
             error = raw["median"] / run["median_step_s"] - 1
             fitted_error = fitted["median"] / run["median_step_s"] - 1
             rows.append({
@@ -97,9 +104,11 @@ def validate(profile, measured):
                                    "predicted_s": {k: round(v, 4) for k, v in fitted.items()},
                                    "error": round(fitted_error, 3), "within_target": abs(fitted_error) <= target},
             })
-        rows.append({"link": link_name, "variant": "compute only", "measured_s": runs["compute only"]["median_step_s"],
-                     "measured_rounds_s": runs["compute only"]["round_medians_s"],
-                     "predicted_s": round(profiled_step(profile), 4)})
+        only = runs["compute only"]
+        rows.append({"link": link_name, "variant": "compute only", "measured_s": only["median_step_s"],
+                     "measured_rounds_s": only["round_medians_s"], "predicted_s": round(profiled_step(profile), 4),
+                     "compute_scaled": {"factor": round(machine_speed(profile, only), 3),
+                                        "predicted_s": round(profiled_step(profile) * machine_speed(profile, only), 4)}})
     return rows
 
 
@@ -132,7 +141,7 @@ def plot(rows, path):
                       fmt="ks", label="measured (median, round range)")
         for key, label, colour, shift in (
                 ("profile", "predicted from the profile", "tab:blue", 0.2),
-                ("compute_scaled", "predicted, compute scaled to the job's", "tab:orange", -0.2)):
+                ("compute_scaled", "predicted, compute scaled by the variant's own forward", "tab:orange", -0.2)):
             picked = [r if key == "profile" else r["compute_scaled"] for r in mine]
             median = [p["predicted_s"]["median"] for p in picked]
             axis.errorbar(median, [y + shift for y in ys],

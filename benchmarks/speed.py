@@ -12,6 +12,8 @@ round, after each round's warm-up steps. ``bytes_per_step`` is what each rank se
 Accordion's own count for ours, the shapes' count for Horovod and DDP (the same rules as
 torch's ``powerSGD_hook``). ``wire_bound_s`` is the time the shared link needs for both
 ranks' bytes: with 2 ranks a ring allreduce and an allgather send each rank's bytes once.
+``median_forward_s`` is the forward pass alone, timed in the same steps: the advisor's
+validation (``advise_validation.py``) scales its profile by it, per variant.
 """
 import argparse
 import json
@@ -132,14 +134,19 @@ class Variant:
             if kind == "horovod":
                 self.optimizer = horovod.DistributedOptimizer(self.optimizer,
                                                               named_parameters=self.model.named_parameters())
-        self.times = []
+        self.times, self.forward_times = [], []
 
     def step(self, x, y):
+        """Seconds for the whole step, and for its forward pass: compute before the step's
+        gradient collectives (DDP's forward only broadcasts BatchNorm's 38 kB of buffers), so
+        it tracks how fast this shared machine runs at that moment."""
         started = time.perf_counter()
         self.optimizer.zero_grad()
-        F.cross_entropy(self.forward(x), y).backward()
+        loss = F.cross_entropy(self.forward(x), y)
+        forward_s = time.perf_counter() - started
+        loss.backward()
         self.optimizer.step()
-        return time.perf_counter() - started
+        return time.perf_counter() - started, forward_s
 
     def accordion_stats(self):
         return self.optimizer.accordion_stats() if self.kind == "ours" else \
@@ -192,9 +199,10 @@ def main():
             for step in range(args.warmup + args.steps):
                 x = torch.randn(BATCH, 3, 32, 32, generator=generator)
                 y = torch.randint(0, 10, (BATCH,), generator=generator)
-                seconds = variant.step(x, y)
+                seconds, forward_s = variant.step(x, y)
                 if step >= args.warmup:
                     variant.times.append(seconds)
+                    variant.forward_times.append(forward_s)
             if hvd.rank() == 0:
                 print(f"{args.link} {variant.name}: {statistics.median(variant.times[-args.steps:]):.3f} s/step",
                       flush=True)
@@ -205,6 +213,7 @@ def main():
         results[variant.name] = {
             "median_step_s": round(statistics.median(variant.times), 4),
             "round_medians_s": [round(statistics.median(times), 4) for times in rounds],
+            "median_forward_s": round(statistics.median(variant.forward_times), 4),
             "bytes_per_step": sent,
             "wire_bound_s": None if args.rate_mbit is None else
             round(hvd.size() * sent * 8 / (args.rate_mbit * 1e6), 4),
