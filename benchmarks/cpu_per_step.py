@@ -1,18 +1,19 @@
-"""CPU time against wall time per step, on each rank: how much of a 2-rank CPU job's step the
-communication takes from the cores the compute runs on, which the advisor's profile (one
-process, collectives that return at once) cannot see.
+"""CPU time against wall time per step, on each rank, split between the training thread and
+the rest (Horovod's background thread, Gloo's and torch.distributed's threads): how much of a
+2-rank CPU job's step the communication takes from the cores the compute runs on, which the
+advisor's profile (one process, collectives that return at once) cannot see.
 
     horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py --out benchmarks/results/cpu_per_step.json
-    # unlimited loopback, 1 thread per rank (OMP_NUM_THREADS=1), about 2 minutes on 2 cores
+    # unlimited loopback, 1 thread per rank (OMP_NUM_THREADS=1), about 4 minutes on 2 cores
 
-A variant whose rank uses as much CPU time as wall time is CPU-bound: its collectives' work
-(reductions, copies, the TCP stack, Horovod's coordination) ran on the compute's cores.
+Variants run interleaved in rounds, as in speed.py, so a drift of this shared machine's speed
+falls on all of them. Per-thread CPU time is read from /proc (Linux).
 """
 import argparse
 import json
 import os
-import resource
 import statistics
+import threading
 import time
 
 import torch
@@ -24,17 +25,40 @@ from benchmarks.speed import BATCH, VARIANTS, Variant
 
 NAMES = ["compute only", "stock horovod", "ours none", "ours powersgd r1", "ours topk 0.01", "ddp allreduce",
          "ddp powersgd r1", "ddp accordion hook r1"]
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def cpu_seconds_per_thread():
+    """{thread id: user + system CPU seconds} for every thread of this process."""
+    seconds = {}
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{thread}/stat") as stream:
+                fields = stream.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended between the listing and the read
+            continue
+        seconds[int(thread)] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    return seconds
+
+
+def timed_steps(variant, steps, generator):
+    """Wall, training-thread CPU and other threads' CPU seconds, per step, over ``steps`` steps."""
+    main = threading.get_native_id()
+    before, started = cpu_seconds_per_thread(), time.perf_counter()
+    for _ in range(steps):
+        variant.step(torch.randn(BATCH, 3, 32, 32, generator=generator),
+                     torch.randint(0, 10, (BATCH,), generator=generator))
+    wall = time.perf_counter() - started
+    used = {thread: seconds - before.get(thread, 0.0) for thread, seconds in cpu_seconds_per_thread().items()}
+    training = used.pop(main)
+    return wall / steps, training / steps, sum(used.values()) / steps
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
     args = parser.parse_args()
     hvd.init()
@@ -43,29 +67,26 @@ def main():
     os.environ.setdefault("MASTER_PORT", "29535")
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
     generator = torch.Generator().manual_seed(hvd.rank())
+    variants = [Variant(name, *VARIANTS[name]) for name in NAMES]
+    rounds = {name: [] for name in NAMES}
+    for _ in range(args.rounds):
+        for variant in variants:
+            horovod.allreduce(torch.zeros(1), name=f"cpu_per_step.barrier.{variant.name}")
+            timed_steps(variant, args.warmup, generator)
+            rounds[variant.name].append(timed_steps(variant, args.steps, generator))
     results = {}
-    for name in NAMES:
-        variant = Variant(name, *VARIANTS[name])
-        horovod.allreduce(torch.zeros(1), name=f"cpu_per_step.barrier.{name}")
-        wall, cpu = [], []
-        for step in range(args.warmup + args.steps):
-            x = torch.randn(BATCH, 3, 32, 32, generator=generator)
-            y = torch.randint(0, 10, (BATCH,), generator=generator)
-            cpu_started, started = cpu_seconds(), time.perf_counter()
-            variant.step(x, y)
-            if step >= args.warmup:
-                wall.append(time.perf_counter() - started)
-                cpu.append(cpu_seconds() - cpu_started)
-        mine = torch.tensor([statistics.median(wall), statistics.median(cpu)], dtype=torch.float64)
+    for name, measured in rounds.items():
+        mine = torch.tensor([statistics.median(column) for column in zip(*measured)], dtype=torch.float64)
         ranks = horovod.allgather(mine.unsqueeze(0), name=f"cpu_per_step.{name}")
-        results[name] = {"wall_s_per_rank": [round(float(t), 3) for t in ranks[:, 0]],
-                         "cpu_s_per_rank": [round(float(t), 3) for t in ranks[:, 1]]}
+        results[name] = {key: [round(float(t), 3) for t in ranks[:, column]] for column, key in
+                         enumerate(("wall_s", "training_thread_cpu_s", "other_threads_cpu_s"))}
         if hvd.rank() == 0:
-            print(f"{name}: wall {results[name]['wall_s_per_rank']} cpu {results[name]['cpu_s_per_rank']}", flush=True)
+            print(name, results[name], flush=True)
     if hvd.rank() == 0 and args.out:
         record = {"command": "horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py --out " + args.out,
                   "ranks": hvd.size(), "batch_per_rank": BATCH, "link": "unlimited loopback",
-                  "timing": f"median of {args.steps} steps after {args.warmup} warm-up steps, per rank",
+                  "timing": f"per rank (one value per rank in each list), the median over {args.rounds} rounds "
+                            f"of {args.steps} steps each after {args.warmup} warm-up steps, variants interleaved",
                   "variants": results}
         with open(args.out, "w") as stream:
             json.dump(record, stream, indent=2)

@@ -5,6 +5,7 @@ Both ranks run in their own single-rank process sets too, so a collective that e
 its process set would hang or mix the ranks' data here.
 """
 import gc
+import time
 import warnings
 
 import numpy as np
@@ -438,6 +439,29 @@ def check_a_step_makes_no_host_copy_outside_a_check():
     at_checks = host_copies(Compression.powersgd(2, 1, min_compression_rate=0), window_steps=1)
     assert at_checks.get("tolist", 0) >= 3, at_checks
     return per_compression, at_checks
+
+
+def check_waiting_for_a_slower_rank_leaves_the_core_free():
+    """Horovod's ``synchronize()`` spins a core while its collective runs. Where ranks share the
+    cores, that spin takes the core from the reduction and from the other ranks' compute. Here
+    rank 1 arrives 1.5 s late to a step, and rank 0's training thread, waiting for the buckets'
+    phases, spends a small part of the wait on the CPU (a spin spends all of it, or half with
+    another thread on its core)."""
+    model = make_model()
+    optimizer = wrap(model, Compression.powersgd(1, min_compression_rate=0))
+    train(model, optimizer, 1)
+    if hvd.rank() == 1:
+        time.sleep(1.5)
+    cpu_s, wall_s = time.thread_time(), time.perf_counter()
+    x, y = rank_batch(1)
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    cpu_s, wall_s = time.thread_time() - cpu_s, time.perf_counter() - wall_s
+    if hvd.rank() == 0:
+        assert wall_s > 1.0, wall_s  # rank 0 did wait for rank 1
+        assert cpu_s < 0.25 * wall_s, f"{cpu_s:.2f} s of CPU over a {wall_s:.2f} s wait"
+    return cpu_s, wall_s
 
 
 def check_topk_sends_each_layer_the_cheaper_way_with_the_same_result():
