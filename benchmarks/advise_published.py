@@ -8,10 +8,11 @@ own wire model (``horovod_accordion.advise``) from the hardware the tables ran o
 Why only this paper: it is the one table set we could read in full with a known world size.
 The PowerSGD paper's timing tables, torch's PowerSGD results and Agarwal et al. 2022 state no
 network we could verify, or only an abstract was public; the JSON lists them under
-``not_predicted`` with the reason. A second search for another table set (PowerSGD's own code and
-cluster scripts, HiPress's published step times, GRACE, Espresso, MergeComp, Ok-Topk, ACP-SGD,
-DeepSpeed's 1-bit Adam) found none with an uncompressed and a compressed run at a stated network;
-``not_predicted`` lists each, with what it gives and what it lacks.
+``not_predicted`` with the reason. A second search for another table set found none with an
+uncompressed and a compressed run at a stated network. ``not_predicted`` lists the nearest
+(PowerSGD's own code and cluster scripts, HiPress's published step times, DeepSpeed's 1-bit
+Adam), with what each gives and lacks; Espresso, MergeComp, Ok-Topk and ACP-SGD published their
+results only as PDFs or images, or not at all, that we could read.
 
 The authors' setting, as their code ran it (uw-mad-dash/Accordion, the design notes'
 accordion_spec.md sections 3-7):

@@ -12,11 +12,12 @@ accordion:powersgd:2/1,accordion:powersgd:4/1,accordion:topk:0.99/0.1 \\
 
 The links are speed.sh's: both ranks share one tbf-limited loopback (``shared_by=2``), with
 the loopback's Gloo latency measured here (a 4-byte allreduce of 2 ranks: 134 µs, 2 hops).
-Two predictions per variant: from the profile as it is, and with every profiled time scaled
-by how much slower the machine ran during that variant's steps: the ratio of the variant's own
-forward pass (``median_forward_s``, timed by speed.py in the same steps, before any gradient
-collective) to the profile's. This machine is shared, and its speed drifts by up to 2x within
-one speed.sh run (its "compute only" rows); no profile taken at another moment can see that.
+Two predictions per variant: from the profile as it is, and a calibration with every profiled
+time scaled by the ratio of the variant's own forward pass (``median_forward_s``, timed by
+speed.py in the same steps, before the gradient collectives) to the profile's. This machine is
+shared, and its speed drifts within one speed.sh run (its "compute only" rounds); no profile
+taken at another moment can see that. The calibration takes one measured number per row, so
+its hits are a fit, not evidence for the model.
 """
 import argparse
 import copy
@@ -77,9 +78,10 @@ def profiled_step(profile):
                              zip(compute["forward_s"], compute["backward_s"], compute["optimizer_s"]))
 
 
-def machine_speed(profile, run):
-    """How much slower this shared machine ran during ``run``'s steps than during the profile:
-    the ratio of their forward passes, which no collective of the step touches."""
+def slowdown(profile, run):
+    """How much slower ``run``'s forward passes were than the profile's. The forward pass comes
+    before the step's gradient collectives, so this is mostly the shared machine's drift; under
+    DDP it also holds the broadcast of BatchNorm's buffers, which waits for the other rank."""
     return run["median_forward_s"] / statistics.median(profile["compute"]["forward_s"])
 
 
@@ -90,7 +92,7 @@ def validate(profile, measured):
         runs = measured["links"][link_name]
         for name, (variant, layout, note) in VARIANTS.items():
             run = runs[name]
-            factor = machine_speed(profile, run)
+            factor = slowdown(profile, run)
             raw = predict(profile, variant, layout, measured["ranks"], link, low_fraction=0.0)
             fitted = predict(scaled(profile, factor), variant, layout, measured["ranks"], link, low_fraction=0.0)
             error = raw["median"] / run["median_step_s"] - 1
@@ -107,8 +109,8 @@ def validate(profile, measured):
         only = runs["compute only"]
         rows.append({"link": link_name, "variant": "compute only", "measured_s": only["median_step_s"],
                      "measured_rounds_s": only["round_medians_s"], "predicted_s": round(profiled_step(profile), 4),
-                     "compute_scaled": {"factor": round(machine_speed(profile, only), 3),
-                                        "predicted_s": round(profiled_step(profile) * machine_speed(profile, only), 4)}})
+                     "compute_scaled": {"factor": round(slowdown(profile, only), 3),
+                                        "predicted_s": round(profiled_step(profile) * slowdown(profile, only), 4)}})
     return rows
 
 

@@ -3,13 +3,16 @@ the rest (Horovod's background thread, Gloo's and torch.distributed's threads): 
 2-rank CPU job's step the communication takes from the cores the compute runs on, which the
 advisor's profile (one process, collectives that return at once) cannot see.
 
-    horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py --out benchmarks/results/cpu_per_step.json
-    # unlimited loopback, 1 thread per rank (OMP_NUM_THREADS=1), about 4 minutes on 2 cores
+    PYTHONPATH=. OMP_NUM_THREADS=1 horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py \
+        --out benchmarks/results/cpu_per_step.json   # unlimited loopback, about 5 minutes on 2 cores
 
 Variants run interleaved in rounds, as in speed.py, so a drift of this shared machine's speed
-falls on all of them. Per-thread CPU time is read from /proc (Linux).
+falls on all of them. "spinning wait" variants wait for our collectives in Horovod's own
+``synchronize()``, as before 6461947, to compare the two waits in one job. Per-thread CPU time
+is read from /proc (Linux), in clock ticks (10 ms), over 5 steps at a time.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -21,10 +24,12 @@ import torch.distributed as dist
 import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
+from horovod_accordion.torch import ops
 from benchmarks.speed import BATCH, VARIANTS, Variant
 
-NAMES = ["compute only", "stock horovod", "ours none", "ours powersgd r1", "ours topk 0.01", "ddp allreduce",
-         "ddp powersgd r1", "ddp accordion hook r1"]
+NAMES = ["compute only", "stock horovod", "ours none", "ours powersgd r1", "ours powersgd r1, spinning wait",
+         "ours topk 0.01", "ours topk 0.01, spinning wait", "ddp allreduce", "ddp powersgd r1", "ddp accordion hook r1"]
+SPINNING = ", spinning wait"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -39,6 +44,18 @@ def cpu_seconds_per_thread():
             continue
         seconds[int(thread)] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
     return seconds
+
+
+@contextlib.contextmanager
+def waits_of(name):
+    """Our collectives' waits as ``name`` asks: polling (ours), or Horovod's spinning ``synchronize()``."""
+    polling = ops._wait_for
+    if name.endswith(SPINNING):
+        ops._wait_for = lambda handle, polling: ops.hvd.synchronize(handle)
+    try:
+        yield
+    finally:
+        ops._wait_for = polling
 
 
 def timed_steps(variant, steps, generator):
@@ -67,13 +84,14 @@ def main():
     os.environ.setdefault("MASTER_PORT", "29535")
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
     generator = torch.Generator().manual_seed(hvd.rank())
-    variants = [Variant(name, *VARIANTS[name]) for name in NAMES]
+    variants = {name: Variant(name.removesuffix(SPINNING), *VARIANTS[name.removesuffix(SPINNING)]) for name in NAMES}
     rounds = {name: [] for name in NAMES}
     for _ in range(args.rounds):
-        for variant in variants:
-            horovod.allreduce(torch.zeros(1), name=f"cpu_per_step.barrier.{variant.name}")
-            timed_steps(variant, args.warmup, generator)
-            rounds[variant.name].append(timed_steps(variant, args.steps, generator))
+        for name, variant in variants.items():
+            horovod.allreduce(torch.zeros(1), name=f"cpu_per_step.barrier.{name}")
+            with waits_of(name):
+                timed_steps(variant, args.warmup, generator)
+                rounds[name].append(timed_steps(variant, args.steps, generator))
     results = {}
     for name, measured in rounds.items():
         mine = torch.tensor([statistics.median(column) for column in zip(*measured)], dtype=torch.float64)
@@ -83,7 +101,8 @@ def main():
         if hvd.rank() == 0:
             print(name, results[name], flush=True)
     if hvd.rank() == 0 and args.out:
-        record = {"command": "horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py --out " + args.out,
+        record = {"command": "PYTHONPATH=. OMP_NUM_THREADS=1 horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py "
+                             "--out " + args.out,
                   "ranks": hvd.size(), "batch_per_rank": BATCH, "link": "unlimited loopback",
                   "timing": f"per rank (one value per rank in each list), the median over {args.rounds} rounds "
                             f"of {args.steps} steps each after {args.warmup} warm-up steps, variants interleaved",

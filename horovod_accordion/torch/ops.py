@@ -12,31 +12,34 @@ from horovod_accordion.torch.compression import NoneCompressor
 
 __all__ = ["TorchCollectives"]
 
-# Horovod's synchronize() spins a core until its collective completes. Where ranks share the
-# cores, as in CPU training, the spin takes the core from the background thread doing the
-# reduction and from the other ranks' compute. Polling with a short back-off leaves the core
-# free; the delay it adds, at most the longest pause, is well under Horovod's 1 ms cycle, at
-# which completions arrive.
+# Horovod's synchronize() spins until its collective completes, holding the GIL. Where ranks
+# share the cores, as in CPU training, the spin takes the core from the background thread doing
+# the reduction and from the other ranks' compute. Polling with a short back-off leaves the core
+# free, at the cost of up to about the longest pause plus the kernel's timer slack (0.3 ms here)
+# per wait. On a GPU the node has cores to spare and the wait stays Horovod's own.
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 1e-5, 2e-4
 
 
-def _wait_for(handle):
-    """``hvd.synchronize(handle)``, without spinning a core while the collective runs."""
+def _wait_for(handle, polling):
+    """``hvd.synchronize(handle)``; with ``polling``, without spinning a core meanwhile."""
     pause = _FIRST_PAUSE_S
-    while not hvd.poll(handle):
-        time.sleep(pause)
-        pause = min(2 * pause, _LONGEST_PAUSE_S)
+    try:
+        while polling and not hvd.poll(handle):
+            time.sleep(pause)
+            pause = min(2 * pause, _LONGEST_PAUSE_S)
+    except ValueError:  # a handle Horovod no longer holds: synchronize() answers as it always has
+        pass
     return hvd.synchronize(handle)
 
 
 class _Pending:
     """A started Horovod collective and what to do with its output."""
 
-    def __init__(self, handle, finish):
-        self.handle, self.finish = handle, finish
+    def __init__(self, handle, finish, on_cpu):
+        self.handle, self.finish, self.on_cpu = handle, finish, on_cpu
 
     def wait(self):
-        return self.finish(_wait_for(self.handle))
+        return self.finish(_wait_for(self.handle, polling=self.on_cpu))
 
 
 class TorchCollectives(HorovodProcessSetCollectives):
@@ -55,10 +58,10 @@ class TorchCollectives(HorovodProcessSetCollectives):
         handle = hvd.allreduce_async_(wire, name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                       prescale_factor=1.0 / self.gradient_predivide_factor,
                                       postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
-        return _Pending(handle, lambda reduced: compression.decompress(reduced, ctx))
+        return _Pending(handle, lambda reduced: compression.decompress(reduced, ctx), wire.device.type == "cpu")
 
     def start_allgather(self, flat, name):
         """Start gathering every rank's 1-D ``flat``; ``wait()`` gives them as shape (size, len)."""
         self.bytes_sent += flat.numel() * flat.element_size()
         handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
-        return _Pending(handle, lambda gathered: gathered.view(self.size(), -1))
+        return _Pending(handle, lambda gathered: gathered.view(self.size(), -1), flat.device.type == "cpu")
