@@ -107,10 +107,11 @@ def validate(profile, measured):
                                    "error": round(fitted_error, 3), "within_target": abs(fitted_error) <= target},
             })
         only = runs["compute only"]
+        factor = slowdown(profile, only)
         rows.append({"link": link_name, "variant": "compute only", "measured_s": only["median_step_s"],
                      "measured_rounds_s": only["round_medians_s"], "predicted_s": round(profiled_step(profile), 4),
-                     "compute_scaled": {"factor": round(slowdown(profile, only), 3),
-                                        "predicted_s": round(profiled_step(profile) * slowdown(profile, only), 4)}})
+                     "compute_scaled": {"factor": round(factor, 3),
+                                        "predicted_s": round(profiled_step(profile) * factor, 4)}})
     return rows
 
 

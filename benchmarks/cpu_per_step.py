@@ -25,7 +25,7 @@ import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import ops
-from benchmarks.speed import BATCH, VARIANTS, Variant
+from benchmarks.speed import BATCH, VARIANTS, Variant, random_batch, start_job
 
 NAMES = ["compute only", "stock horovod", "ours none", "ours powersgd r1", "ours powersgd r1, spinning wait",
          "ours topk 0.01", "ours topk 0.01, spinning wait", "ddp allreduce", "ddp powersgd r1", "ddp accordion hook r1"]
@@ -63,8 +63,7 @@ def timed_steps(variant, steps, generator):
     main = threading.get_native_id()
     before, started = cpu_seconds_per_thread(), time.perf_counter()
     for _ in range(steps):
-        variant.step(torch.randn(BATCH, 3, 32, 32, generator=generator),
-                     torch.randint(0, 10, (BATCH,), generator=generator))
+        variant.step(*random_batch(generator))
     wall = time.perf_counter() - started
     used = {thread: seconds - before.get(thread, 0.0) for thread, seconds in cpu_seconds_per_thread().items()}
     training = used.pop(main)
@@ -78,12 +77,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
     args = parser.parse_args()
-    hvd.init()
-    torch.set_num_threads(1)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29535")
-    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-    generator = torch.Generator().manual_seed(hvd.rank())
+    generator = start_job(master_port=29535)
     variants = {name: Variant(name.removesuffix(SPINNING), *VARIANTS[name.removesuffix(SPINNING)]) for name in NAMES}
     rounds = {name: [] for name in NAMES}
     for _ in range(args.rounds):

@@ -10,34 +10,24 @@ waits (``Optimizer.step`` for ours: ``synchronize()`` runs inside it).
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 import horovod_accordion.torch as hvd
-from benchmarks.speed import BATCH, VARIANTS, Variant
+from benchmarks.speed import VARIANTS, Variant, random_batch, start_job
 
 STEPS = 3
 
 
 def main(names):
-    hvd.init()
-    torch.set_num_threads(1)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29534")
-    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-    generator = torch.Generator().manual_seed(hvd.rank())
-
-    def batch():
-        return torch.randn(BATCH, 3, 32, 32, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator)
-
+    generator = start_job(master_port=29534)
     for name in names:
         variant = Variant(name, *VARIANTS[name])
         for _ in range(3):
-            variant.step(*batch())
+            variant.step(*random_batch(generator))
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
             for _ in range(STEPS):
-                variant.step(*batch())
+                variant.step(*random_batch(generator))
         if hvd.rank() == 0:
             table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
             prefix = os.environ.get("PROFILE_PREFIX", "")

@@ -170,6 +170,21 @@ class Variant:
         return sorted({str(level) for level in stats["levels"].values()})
 
 
+def start_job(master_port):
+    """Horovod and a torch.distributed Gloo group over the same ranks, one thread each, as every
+    benchmark of this machine runs; returns this rank's batch generator."""
+    hvd.init()
+    torch.set_num_threads(1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(master_port))
+    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
+    return torch.Generator().manual_seed(hvd.rank())
+
+
+def random_batch(generator):
+    return torch.randn(BATCH, 3, 32, 32, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--link", required=True, help="the key in the results: none, 1gbit, 100mbit")
@@ -184,22 +199,15 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--command", help="the command to record (speed.sh passes its own)")
     args = parser.parse_args()
-    hvd.init()
-    torch.set_num_threads(1)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
+    generator = start_job(master_port=29533)
     names = args.variants.split(",") if args.variants else [name for name in VARIANTS if group_of(name) in (
         args.group, None if args.group else group_of(name))]
     variants = [Variant(name, *VARIANTS[name]) for name in names]
-    generator = torch.Generator().manual_seed(hvd.rank())
     for _ in range(args.rounds):
         for variant in variants:
             horovod.allreduce(torch.zeros(1), name="speed.barrier")
             for step in range(args.warmup + args.steps):
-                x = torch.randn(BATCH, 3, 32, 32, generator=generator)
-                y = torch.randint(0, 10, (BATCH,), generator=generator)
-                seconds, forward_s = variant.step(x, y)
+                seconds, forward_s = variant.step(*random_batch(generator))
                 if step >= args.warmup:
                     variant.times.append(seconds)
                     variant.forward_times.append(forward_s)
