@@ -27,12 +27,15 @@ def register_accordion(accelerator, model, state, optimizer=None):
     - the layers are named after the unwrapped model's parameters;
     - with ``optimizer`` (the prepared one), the hook reads its learning rate before each
       step, as the scheduler left it; without, call ``state.observe_lr(lr)`` before each step;
+    - with ``mixed_precision="fp16"``, the state takes ``accelerator.scaler``, whose loss scale
+      the gradients carry;
     - ``accelerator.save_state`` / ``load_state`` keep every rank's state (the error-feedback
       memories are each rank's own) in the checkpoint folder, beside the model's.
 
     A model that ``prepare`` did not wrap in DDP (one process) is a ``TypeError``: launch 2
     or more processes.
     """
-    attach(model, state, named_by=accelerator.unwrap_model(model), optimizer=optimizer)
+    attach(model, state, named_by=accelerator.unwrap_model(model), optimizer=optimizer,
+           grad_scaler=accelerator.scaler)
     accelerator.register_for_checkpointing(EveryRankState(state))
     return state

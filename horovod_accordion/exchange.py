@@ -9,6 +9,11 @@ goes on. ``finish`` runs the remaining phases of every started bucket, and ``end
 counts the step and closes a window when one is complete: at a check, the exchange reduces
 the norms of Δ over ranks and hands them to the schedule (``Accordion``), which decides.
 The adapters only say when a bucket is ready and where the averages go.
+
+Under a loss scale S (``torch.amp.GradScaler``) the gradients arrive as S × the true ones:
+the exchange divides them by S before Δ and the reducer see them, and multiplies the averages
+by S, so that the levels and the error feedback are in true units and the scaler's own
+``unscale_`` still finds the scale it expects.
 """
 
 import warnings
@@ -24,10 +29,16 @@ class BucketedExchange:
         reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients; the
             exchange runs on its backends, its ``tensors`` and its ``collectives``.
         params: the parameters, one per layer, in the order of ``accordion.layer_names``.
+        loss_scale: called before each step's first bucket, returns the loss scale that the
+            step's gradients carry (a device scalar of the backend), or ``None``; see
+            ``horovod_accordion.torch_loss_scale``. Only read where it matters: for Δ or for a
+            reducer's error feedback (a dense reducer averages the scaled gradients, as Horovod).
     """
 
-    def __init__(self, accordion, reducer, params):
+    def __init__(self, accordion, reducer, params, loss_scale=None):
         self.accordion, self.reducer = accordion, reducer
+        self.loss_scale = loss_scale if accordion.keeps_delta or reducer.per_rank else None
+        self.scale = None  # the loss scale of the step in progress
         self.tensors, self.collectives = reducer.tensors, reducer.collectives
         tensors = self.tensors
         accordion.attach(reducer)
@@ -50,6 +61,10 @@ class BucketedExchange:
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
         by ``divisor`` (the micro-batches of a large batch), in Δ they are not. ``reducer``
         replaces the compressing one for this bucket (DDP's plain allreduce before ``start_iter``)."""
+        if not self.started:
+            self.scale = self.loss_scale() if self.loss_scale is not None else None
+        if self.scale is not None:
+            grads = self.tensors.unscaled(grads, self.scale)
         if self.accordion.adaptive:
             self._observe(layers, grads)
         if divisor is not None:
@@ -84,9 +99,12 @@ class BucketedExchange:
         """Every started bucket's averages, as ``{layer: average}``. The step's buckets are
         dropped even if a collective fails, so a retried step (elastic) starts clean."""
         try:
-            return BucketReduction.finish(list(self.started.values()))
+            outputs = BucketReduction.finish(list(self.started.values()))
         finally:
             self.started = {}
+        if self.scale is None:
+            return outputs
+        return {layer: self.tensors.scaled(average, self.scale) for layer, average in outputs.items()}
 
     def end_step(self, micro_batches=1, record=None, bytes_sent=None):
         """Count the step and log its bytes (by default what the collectives counted since the

@@ -29,6 +29,7 @@ class AccordionCallback(pl.Callback):
     - at fit start, registers the state's hook on the DDP model the strategy built (if the
       strategy did not) and binds the state to the LightningModule's parameters, by name;
       a strategy without DDP, or another comm hook, is an error here, not a silent no-op;
+      with ``precision="16-mixed"``, hands the state the precision plugin's ``GradScaler``;
     - before each training batch, shows the detector the first optimizer's learning rate;
     - after each, logs this rank's bytes of the step and each compressed layer's level with
       ``pl_module.log`` (``accordion/bytes``, ``accordion/level/<parameter>``);
@@ -49,7 +50,8 @@ class AccordionCallback(pl.Callback):
         self.log_levels = log_levels
 
     def on_fit_start(self, trainer, pl_module):
-        attach(trainer.strategy.model, self.state, named_by=pl_module)
+        attach(trainer.strategy.model, self.state, named_by=pl_module,
+               grad_scaler=getattr(trainer.precision_plugin, "scaler", None))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.state.observe_lr(trainer.optimizers[0].param_groups[0]["lr"])

@@ -13,6 +13,7 @@ from horovod_accordion.compression import kept_count, matrix_shape
 __all__ = ["Level", "TorchTensorOps", "map_leaves", "summary_writer"]
 
 _WIRE_DTYPES = {torch.bfloat16: torch.float32}
+_SUM_DTYPES = {torch.float64: torch.float64}
 
 
 def map_leaves(value, leaf_type, function):
@@ -118,6 +119,14 @@ class TorchTensorOps:
     def transpose(self, a):
         return a.T
 
+    def unscaled(self, grads, scale):
+        """``grads`` × 1/``scale``, the reciprocal taken as ``GradScaler.unscale_`` takes it."""
+        inverse = scale.double().reciprocal().float()
+        return [grad * inverse for grad in grads]
+
+    def scaled(self, value, scale):
+        return value * scale
+
     def orthogonalize(self, p):
         """Householder QR: stable, and a zero P gives unit columns, so that a Q left at 0 by a
         step whose M was 0 on every rank picks M up again at the next step. One column is only
@@ -148,8 +157,9 @@ class TorchTensorOps:
     def all_finite(self, *tensors):
         """Whether every entry of the tensors (``None`` skipped) is finite, as a device flag (no
         host sync). One read per tensor: a NaN or inf makes the sum non-finite; so does a sum
-        beyond fp32's range, which only values that are useless as gradients reach."""
-        flags = [torch.isfinite(t.sum()) for t in tensors if t is not None]
+        beyond fp32's range, which only values that are useless as gradients reach. Summed in
+        fp32 at least: fp16 gradients that are finite may sum beyond fp16's 65504."""
+        flags = [torch.isfinite(t.sum(dtype=_SUM_DTYPES.get(t.dtype, torch.float32))) for t in tensors if t is not None]
         return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
     def finite_or(self, value, fallback):

@@ -36,6 +36,7 @@ from horovod_accordion.policies import policy_for
 from horovod_accordion.reducers import DenseReducer, make_reducer
 from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch_compression import PlainCompressor
+from horovod_accordion.torch_loss_scale import LossScale
 from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
 
 __all__ = ["AccordionState", "accordion_hook"]
@@ -67,6 +68,12 @@ class AccordionState:
             ``powerSGD_hook``'s ``start_powerSGD_iter``; the detector counts them and
             accumulates their gradients all the same. 0 by default: Accordion's ℓ_low
             already covers early training.
+        grad_scaler: the ``torch.amp.GradScaler`` of an AMP loop, whose loss scale the
+            gradients carry: Δ and the error feedback then work in true units, and the averages
+            are handed back scaled, for ``scaler.unscale_``. Lightning's ``AccordionCallback``
+            and Accelerate's ``register_accordion`` take the trainer's own. A GradScaler in use
+            that is not passed is an error at the first step (``state.grad_scaler = scaler``
+            also sets it).
 
     The other keyword arguments, ``eta``, ``interval``, ``window_steps``, ``per_layer``,
     ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``, ``log_path``,
@@ -94,7 +101,7 @@ class AccordionState:
     def __init__(self, process_group=None, compression=PowerSGD(2, 1), *, model=None, optimizer=None, eta=0.5,
                  interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1,
                  check_norm="local", verify_levels=None, log_path=None, tensorboard_dir=None, start_iter=0,
-                 policy="accordion"):
+                 policy="accordion", grad_scaler=None):
         if isinstance(process_group, torch.nn.Module):
             raise TypeError("AccordionState's first argument is the process group, as PowerSGDState's, and the "
                             "model is optional: write AccordionState(compression=..., optimizer=...), or "
@@ -114,6 +121,7 @@ class AccordionState:
                                       check_norm=check_norm, verify_levels=verify_levels,
                                       policy=policy_for(policy, self._levels()))
         self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
+        self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
         self._unbound()
         self._optimizer = optimizer
         self._hook_ran = [False]  # a holder the finalizer reads without keeping the state alive
@@ -162,7 +170,7 @@ class AccordionState:
         log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir,
                                               summary_writer)
         accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **self._schedule_options)
-        self._exchange = BucketedExchange(accordion, reducer, params)
+        self._exchange = BucketedExchange(accordion, reducer, params, self._loss_scale)
         self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch
         self._waiting = []
         if accordion.adaptive and accordion.window_steps is None:
@@ -197,6 +205,15 @@ class AccordionState:
     def bound(self):
         """Whether the state has its parameters (a ``model`` given, ``bind`` or a first step)."""
         return self._exchange is not None
+
+    @property
+    def grad_scaler(self):
+        """The ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``; settable."""
+        return self._loss_scale.grad_scaler
+
+    @grad_scaler.setter
+    def grad_scaler(self, scaler):
+        self._loss_scale.grad_scaler = scaler
 
     @property
     def window_steps(self):
@@ -251,13 +268,13 @@ class AccordionState:
         self.iter = state_dict["iter"]
 
     def __getstate__(self):
-        """Everything but the process group, the model and the optimizer, as ``PowerSGDState``."""
+        """Everything but the process group, the model, the optimizer and the GradScaler, as ``PowerSGDState``."""
         kept = ("compression", "start_iter", "iter", "_schedule_options", "log_path", "tensorboard_dir",
-                "_lr_before_binding")
+                "_lr_before_binding", "_loss_scale")
         return dict({k: self.__dict__[k] for k in kept}, _saved=self.state_dict())
 
     def __setstate__(self, state):
-        self.__dict__.update(dict({"tensorboard_dir": None}, **state))  # pickled before it had one
+        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale()}, **state))  # pickled before them
         self.process_group = None
         self._unbound()
         self._hook_ran = [True]  # an unpickled state may be read only: no warning for it

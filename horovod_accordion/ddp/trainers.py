@@ -17,12 +17,13 @@ from horovod_accordion.torch_tensors import map_leaves
 __all__ = ["EveryRankState", "attach", "step_metrics"]
 
 
-def attach(ddp_model, state, named_by=None, optimizer=None):
+def attach(ddp_model, state, named_by=None, optimizer=None, grad_scaler=None):
     """Make ``state``'s hook run on ``ddp_model``, the DDP module the trainer built: register
     it unless the trainer did (Lightning's ``DDPStrategy(ddp_comm_state=state, ...)`` on
     CUDA), then bind the state to the parameters, named as in ``named_by`` (the user's
     module; by default ``ddp_model``'s), and to ``optimizer`` if given (the hook reads its
-    learning rate). A collective (``state.bind``): call it on every rank."""
+    learning rate). ``grad_scaler``: the trainer's ``GradScaler``, if it owns one (fp16 AMP),
+    whose loss scale the gradients carry. A collective (``state.bind``): call it on every rank."""
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"Accordion averages gradients in a DistributedDataParallel communication hook, and this "
                         f"model is a {type(ddp_model).__name__}: train with the trainer's DDP (Lightning's "
@@ -34,6 +35,8 @@ def attach(ddp_model, state, named_by=None, optimizer=None):
                                f"{registered[0][0].__qualname__}, and DDP runs one: Accordion's would never run. "
                                f"Drop the other hook (ddp_comm_hook=...)")
         ddp_model.register_comm_hook(state, accordion_hook)
+    if grad_scaler is not None:
+        state.grad_scaler = grad_scaler
     state.bind(named_by if named_by is not None else ddp_model, optimizer)
 
 

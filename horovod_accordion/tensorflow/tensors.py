@@ -77,6 +77,13 @@ class TensorFlowTensorOps:
     def transpose(self, a):
         return tf.transpose(a)
 
+    def unscaled(self, grads, scale):
+        inverse = 1.0 / tf.cast(scale, tf.float64)
+        return [grad * tf.cast(inverse, grad.dtype) for grad in grads]
+
+    def scaled(self, value, scale):
+        return value * tf.cast(scale, value.dtype)
+
     def orthogonalize(self, p):
         return tf.linalg.qr(p)[0]
 
@@ -95,8 +102,10 @@ class TensorFlowTensorOps:
 
     def all_finite(self, *tensors):
         """Whether every entry of the tensors (``None`` skipped) is finite, in the graph; the
-        sum's test, as in the torch backend."""
-        return tf.reduce_all([tf.math.is_finite(tf.reduce_sum(t)) for t in tensors if t is not None])
+        sum's test, as in the torch backend, summed in fp32 at least."""
+        return tf.reduce_all([tf.math.is_finite(tf.reduce_sum(tf.cast(t, tf.float64 if t.dtype == tf.float64 else
+                                                                      tf.float32)))
+                              for t in tensors if t is not None])
 
     def finite_or(self, value, fallback):
         """``value`` if all of it is finite, else ``fallback``."""

@@ -37,6 +37,7 @@ from horovod_accordion.reducers import make_reducer
 from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch_compression import PlainCompressor
+from horovod_accordion.torch_loss_scale import LossScale
 from horovod_accordion.torch.ops import TorchCollectives
 from horovod_accordion.torch_tensors import TorchTensorOps, map_leaves, summary_writer
 
@@ -50,7 +51,7 @@ class AccordionOptimizer:
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, bucket_cap_mb,
-                 accordion_options):
+                 grad_scaler, accordion_options):
         super(self.__class__, self).__init__(params)
         self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         names = _parameter_names(self.param_groups, named_parameters)
@@ -73,7 +74,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._accordion = Accordion(self._names, **schedule)
         # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
         self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
-        self._exchange = BucketedExchange(self._accordion, self._reducer, self._params)
+        self._loss_scale = LossScale(grad_scaler)
+        self._exchange = BucketedExchange(self._accordion, self._reducer, self._params, self._loss_scale)
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
         if self._accordion.adaptive and self._accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
@@ -101,6 +103,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         check_same_exchange_on_all_ranks(self._collectives, self._names, [p.shape for p in self._params],
                                          [p.dtype for p in self._params], self._compression,
                                          self._accordion.policy)
+
+    @property
+    def grad_scaler(self):
+        """The ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``; settable."""
+        return self._loss_scale.grad_scaler
+
+    @grad_scaler.setter
+    def grad_scaler(self, scaler):
+        self._loss_scale.grad_scaler = scaler
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -192,7 +203,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     f"parameter {self._names[self._params.index(p)]!r} has a sparse gradient; Accordion "
                     f"compresses dense tensors only: pass sparse_as_dense=True")
             return p.grad.to_dense()
-        return p.grad
+        # A gradient made with backward(create_graph=True) has a history, which the kept state
+        # (memory, residual, Δ) must not copy: it would hold every step's graph.
+        return p.grad.detach()
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank."""
@@ -426,7 +439,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          eta=0.5, interval=10, window_steps=None, per_layer=True,
                          lr_decay_factor=2.0, delta_windows=1, check_norm="local", verify_levels=None,
                          log_path=None, tensorboard_dir=None, batch_switch=None, bucket_cap_mb=25,
-                         policy="accordion"):
+                         policy="accordion", grad_scaler=None):
     """Wrap ``optimizer`` so that ``step()`` first averages gradients over ranks.
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
@@ -462,6 +475,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         policy: how each layer's level is chosen from the compression's ladder:
             ``"accordion"`` (ℓ_low or ℓ_high), ``"error_budget"``, ``ErrorBudget(slack)`` or
             ``PhaseSchedule(total_windows)``; see ``horovod_accordion.policies``.
+        grad_scaler: the ``torch.amp.GradScaler`` of an AMP loop, whose loss scale the
+            gradients carry: Accordion's Δ and error feedback then work in true units, and the
+            averages are handed back scaled, for ``scaler.unscale_``. A GradScaler in use that
+            is not passed is an error at the first step (``optimizer.grad_scaler = scaler``
+            also sets it).
     """
     check_optimizer_arguments({hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}.get(op, op),
                               gradient_predivide_factor, backward_passes_per_step)
@@ -480,4 +498,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              tensorboard_dir=tensorboard_dir, policy=policy)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set, batch_switch, bucket_cap_mb,
-               accordion_options)
+               grad_scaler, accordion_options)

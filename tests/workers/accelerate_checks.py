@@ -10,7 +10,7 @@ from horovod_accordion.accelerate import register_accordion
 from horovod_accordion.ddp import AccordionState, PowerSGD
 from tests.workers.ddp_checks import (assert_same_parameters_on_all_ranks, every_rank, hooked_with_epoch_windows,
                                       levels_history, loss_at)
-from tests.workers.models import make_model
+from tests.workers.models import SCALE_PER_WINDOW, fixed_or_varying_scaler, make_model
 
 COMPRESSION = PowerSGD(2, 1, min_compression_rate=0)
 EPOCHS, STEPS_PER_EPOCH, DECAY_STEP, CHECKPOINT_EPOCH = 7, 2, 10, 3
@@ -70,3 +70,27 @@ def check_training_equals_the_plain_ddp_hook_bitwise_and_resumes_from_save_state
     assert levels_history(resumed_state.accordion_stats()) == history
     return {"steps": state.iter, "checks": len(history), "bytes_rank": state.accordion_stats()["total_bytes_sent"],
             "rank": dist.get_rank()}
+
+
+def check_fp16_hands_the_accelerators_grad_scaler_to_the_state_and_levels_ignore_the_scale():
+    """Accelerate makes a GradScaler for ``mixed_precision="fp16"`` on accelerators only; here one
+    is set where Accelerate keeps its own, before ``prepare`` (fp32 maths, as the Lightning
+    check explains). ``register_accordion`` hands it to the state: a run whose scale moves every
+    epoch decides the levels of a run at a fixed scale, and ends at the same parameters."""
+    runs = []
+    for varying in (False, True):
+        accelerator = Accelerator(cpu=True)
+        accelerator.scaler = scaler = fixed_or_varying_scaler(varying)
+        model = make_model(seed=0)
+        model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+        state = register_accordion(accelerator, model, AccordionState(compression=COMPRESSION, interval=1), optimizer)
+        assert state.grad_scaler is scaler
+        for epoch in range(len(SCALE_PER_WINDOW)):
+            train_epochs(accelerator, model, optimizer, state, 1, first_epoch=epoch)
+            if varying and epoch + 1 < len(SCALE_PER_WINDOW):
+                scaler.update(new_scale=SCALE_PER_WINDOW[epoch + 1])
+        runs.append((levels_history(state.accordion_stats()),
+                     [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]))
+    (fixed_history, fixed_weights), (history, weights) = runs
+    assert history == fixed_history, (fixed_history, history)
+    assert all(torch.equal(a, b) for a, b in zip(weights, fixed_weights))

@@ -41,9 +41,10 @@ def train(on, compression, steps=12, amp=False):
     module = make_model(seed=0).to(on)
     model = DistributedDataParallel(module, device_ids=[on] if on.type == "cuda" else None, process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    state = AccordionState(group, compression, model=model, optimizer=optimizer, window_steps=2, interval=1)
-    model.register_comm_hook(state, accordion_hook)
     scaler = torch.amp.GradScaler(on.type, enabled=amp)
+    state = AccordionState(group, compression, model=model, optimizer=optimizer, window_steps=2, interval=1,
+                           grad_scaler=scaler)
+    model.register_comm_hook(state, accordion_hook)
     for step in range(steps):
         x, y = batch_of_rank(dist.get_rank(), step, scale=10.0 if step >= 6 else 1.0)
         optimizer.zero_grad()

@@ -11,13 +11,14 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 
 from horovod_accordion.ddp import AccordionState, PowerSGD, accordion_hook
 from horovod_accordion.lightning import AccordionCallback
 from tests.workers.ddp_checks import (assert_same_parameters_on_all_ranks, hooked_with_epoch_windows, levels_history,
                                      loss_at)
-from tests.workers.models import make_model
+from tests.workers.models import SCALE_PER_WINDOW, fixed_or_varying_scaler, make_model
 
 COMPRESSION = PowerSGD(2, 1, min_compression_rate=0)
 EPOCHS, STEPS_PER_EPOCH, DECAY_EPOCH, CHECKPOINT_EPOCH = 7, 2, 5, 3  # the LR is a quarter from step 10
@@ -54,7 +55,7 @@ def trainer(state, epochs=EPOCHS, callbacks=(), **options):
     return pl.Trainer(accelerator="cpu", devices=2, max_epochs=epochs, use_distributed_sampler=False,
                       strategy=DDPStrategy(ddp_comm_state=state, ddp_comm_hook=accordion_hook),
                       callbacks=[AccordionCallback(state), *callbacks], logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=bool(callbacks), **options)
+                      enable_model_summary=False, **dict(dict(enable_checkpointing=bool(callbacks)), **options))
 
 
 class KeepsTheDDPModel(pl.Callback):
@@ -119,3 +120,44 @@ def check_the_strategys_hook_alone_on_cpu_is_said_not_silent():
     said = [str(w.message) for w in caught if "hook never ran" in str(w.message)]
     assert len(said) == 1 and "AccordionCallback" in said[0], [str(w.message) for w in caught]
     return said[0]
+
+
+class LossScaledFP32(MixedPrecision):
+    """Lightning's ``16-mixed`` plugin, its GradScaler and all, with fp32 maths: on a CPU, where
+    Lightning turns ``precision="16-mixed"`` into bf16, this is how a scaler reaches a run, and
+    fp32 makes a run at another loss scale exactly comparable (``train_under_loss_scale``)."""
+
+    def __init__(self, scaler):
+        super().__init__("16-mixed", "cpu", scaler=scaler)
+
+    def forward_context(self):
+        return torch.autocast("cpu", enabled=False)
+
+
+class MovesTheScale(pl.Callback):
+    """After every epoch's last step, sets the loss scale to the next of ``SCALE_PER_WINDOW``."""
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch + 1 < len(SCALE_PER_WINDOW):
+            self.scaler.update(new_scale=SCALE_PER_WINDOW[trainer.current_epoch + 1])
+
+
+def check_16_mixed_hands_its_grad_scaler_to_the_state_and_levels_ignore_the_scale():
+    """The precision plugin's GradScaler reaches the state through ``AccordionCallback``, with no
+    argument: a run whose scale moves every epoch (window) decides the levels of a run at a fixed
+    scale, and ends at the same parameters."""
+    runs = []
+    for varying in (False, True):
+        scaler = fixed_or_varying_scaler(varying)
+        state = AccordionState(compression=COMPRESSION, interval=1)
+        module = Steps()
+        trainer(state, epochs=len(SCALE_PER_WINDOW), callbacks=[MovesTheScale(scaler)] if varying else [],
+                plugins=[LossScaledFP32(scaler)], enable_checkpointing=False).fit(module)
+        assert state.grad_scaler is scaler
+        runs.append((levels_history(state.accordion_stats()), [p.detach().clone() for p in module.net.parameters()]))
+    (fixed_history, fixed_weights), (history, weights) = runs
+    assert history == fixed_history, (fixed_history, history)
+    assert all(torch.equal(a, b) for a, b in zip(weights, fixed_weights))

@@ -26,3 +26,38 @@ class Float64State:
 
     def as_matrix(self, grad, shape):
         return grad.reshape(shape).to(torch.float64)
+
+
+# Run B's loss scale, window by window: grows, backs off once (as after an overflow), grows again.
+SCALE_PER_WINDOW = [2.0 ** 8, 2.0 ** 9, 2.0 ** 10, 2.0 ** 9, 2.0 ** 10, 2.0 ** 11]
+
+
+def train_under_loss_scale(model, optimizer, scaler, rank, apply_step, varying, window_steps=5):
+    """``len(SCALE_PER_WINDOW)`` windows of the AMP recipe on fp32 maths, with the scale fixed at
+    2⁸ or (``varying``) moved window by window as ``SCALE_PER_WINDOW``; ``apply_step(loss)``
+    runs the entry point's own recipe from ``scaler.scale(loss)`` to ``scaler.step``. Returns each
+    step's unscaled averaged gradients and parameters.
+
+    Why the two runs must agree exactly: GradScaler's scales are powers of two, and scaling by a
+    power of two commutes with fp32 rounding short of overflow and underflow, so backward of
+    S·loss gives exactly S × the gradients of loss, and true units give the same numbers at any S.
+    Autocast's fp16 would underflow differently at each scale, so the maths here stay fp32."""
+    averaged, weights = [], []
+    for step in range(window_steps * len(SCALE_PER_WINDOW)):
+        x, y = batch_of_rank(rank, step)
+        optimizer.zero_grad()
+        apply_step(torch.nn.functional.cross_entropy(model(x), y))
+        averaged.append([p.grad.detach().clone() for p in model.parameters()])
+        weights.append([p.detach().clone() for p in model.parameters()])
+        window, last_of_window = divmod(step + 1, window_steps)
+        if varying and last_of_window == 0 and window < len(SCALE_PER_WINDOW):
+            scaler.update(new_scale=SCALE_PER_WINDOW[window])
+        else:
+            scaler.update()
+    return averaged, weights
+
+
+def fixed_or_varying_scaler(varying):
+    """A CPU GradScaler at 2⁸ that never grows by itself (the runs move it by hand)."""
+    return torch.amp.GradScaler("cpu", init_scale=SCALE_PER_WINDOW[0] if varying else 2.0 ** 8,
+                                growth_interval=10 ** 9)

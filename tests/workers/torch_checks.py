@@ -638,9 +638,10 @@ def check_amp_recipe_with_grad_scaler_skips_the_overflow_on_both_ranks():
     one rank only: both ranks skip that step and train on to the same parameters."""
     for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1)):
         model = make_model()
-        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                             named_parameters=model.named_parameters(), compression=compression)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                             named_parameters=model.named_parameters(), compression=compression,
+                                             grad_scaler=scaler)
         snapshots = []
         for step in range(5):
             x, y = rank_batch(step)
