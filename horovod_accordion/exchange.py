@@ -18,6 +18,7 @@ by S, so that the levels and the error feedback are in true units and the scaler
 
 import warnings
 
+from horovod_accordion.backends import CheckpointTensorOps, CollectiveOps
 from horovod_accordion.reducers import BucketReduction, split_state
 
 __all__ = ["BucketedExchange"]
@@ -39,7 +40,10 @@ class BucketedExchange:
         self.accordion, self.reducer = accordion, reducer
         self.loss_scale = loss_scale if accordion.keeps_delta or reducer.per_rank else None
         self.scale = None  # the loss scale of the step in progress
-        self.tensors, self.collectives = reducer.tensors, reducer.collectives
+        # Checkpoints (``state_dict``) need the torch backend's part of the contract; TensorFlow's
+        # checkpoints are its variables.
+        self.tensors: CheckpointTensorOps = reducer.tensors
+        self.collectives: CollectiveOps = reducer.collectives
         tensors = self.tensors
         accordion.attach(reducer)
         # The window's Δ and its non-finite counts; no Δ when nothing reads it.
@@ -56,6 +60,20 @@ class BucketedExchange:
         started with, so a rate changed between backward and step counts from the next step."""
         if not self.started and self.accordion.observe_lr(lr):
             self.accordion.apply_levels(self.reducer)
+
+    def agree_lr(self, lr):
+        """The highest of the ranks' ``lr``, where a decay can switch levels: the rule must fire on
+        every rank or none, or the ranks' levels, hence their collectives, differ (a rank that steps
+        ``ReduceLROnPlateau`` on its own validation loss). A collective: one 8-byte allgather per
+        step, which is not counted as the step's traffic."""
+        collectives, tensors = self.collectives, self.tensors
+        if lr is None or not self.accordion.decays_switch_levels or collectives.size() == 1:
+            return lr
+        counted = collectives.take_bytes_sent()
+        rows = tensors.to_floats(collectives.start_allgather(tensors.from_floats([float(lr)]), "lr").wait())
+        collectives.take_bytes_sent()
+        collectives.add_bytes_sent(counted)
+        return max(row[0] for row in rows)
 
     def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided

@@ -36,6 +36,10 @@ PATCHES = importlib.resources.files("horovod_accordion") / "horovod_patches.json
 # The names `horovodrun --check-build` prints.
 FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
 FRAMEWORK_DISTRIBUTIONS = {"torch": ["torch"], "tensorflow": ["tensorflow", "tensorflow-cpu"]}
+# The variables that tell Horovod's build where CUDA and NCCL are (its own HOROVOD_* names, and
+# CUDA's): they reach the build, and join the cache key.
+LOCATION_VARIABLES = {"HOROVOD_CUDA_HOME", "HOROVOD_CUDA_INCLUDE", "HOROVOD_CUDA_LIB", "HOROVOD_NCCL_HOME",
+                      "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB", "HOROVOD_NCCL_LINK", "CUDA_HOME", "NCCL_HOME"}
 
 
 def log(message):
@@ -74,15 +78,19 @@ def describe_build(gpu_operations):
         "mpi": first_line(["mpirun", "--version"]) if mpi else None,
         "gpu_operations": gpu_operations or None,
         "cuda": first_line(["nvcc", "--version"], last=True) if gpu_operations else None,
+        "compiler": first_line([os.environ.get("CXX", "c++"), "--version"]),
+        # Where the build finds CUDA, NCCL and their parts: they reach it, so they key it.
+        "locations": {key: os.environ[key] for key in sorted(LOCATION_VARIABLES) if key in os.environ},
         "frameworks": frameworks,
     }
 
 
 def first_line(command, last=False):
-    """The first (or last) line a tool prints about its version, or None where it is missing."""
+    """The first (or last) line a tool prints about its version, or None where it is missing or
+    does not answer within a minute."""
     try:
         lines = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return None
     return (lines[-1] if last else lines[0]) if lines else None
 
@@ -148,8 +156,11 @@ def build_flags(build):
 
 def build_environment(build, environ):
     """``environ`` for Horovod's build: its setup reads every HOROVOD_* variable, so only those
-    that ``build`` (and so the cache key) describes may reach it."""
-    env = {key: value for key, value in environ.items() if not key.startswith("HOROVOD_")}
+    that ``build`` (and so the cache key) describes may reach it: the flags, and where CUDA and
+    NCCL are (``build["locations"]``)."""
+    env = {key: value for key, value in environ.items()
+           if not key.startswith("HOROVOD_") and key not in LOCATION_VARIABLES}
+    env.update(build.get("locations") or {})
     env.update(build_flags(build))
     return env
 
@@ -175,12 +186,7 @@ def build_wheel(build, destination):
     with tempfile.TemporaryDirectory() as work:
         work = pathlib.Path(work)
         pip = [sys.executable, "-m", "pip"]
-        subprocess.run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(work),
-                        f"horovod=={build['horovod']}"], check=True)
-        archive = work / f"horovod-{build['horovod']}.tar.gz"
-        expected = json.loads(PATCHES.read_text())["sdist_sha256"]
-        if hashlib.sha256(archive.read_bytes()).hexdigest() != expected:
-            fail(f"{archive.name} does not have the sha256 the patches were made for ({expected})")
+        archive = download_sdist(build["horovod"], json.loads(PATCHES.read_text())["sdist_sha256"], work)
         with tarfile.open(archive) as sdist:
             # Python < 3.11.4 (Debian 12's 3.11.2) has no extraction filters.
             sdist.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
@@ -190,11 +196,46 @@ def build_wheel(build, destination):
             f"(10-25 minutes on 2 cores)")
         subprocess.run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(work / "wheel"), str(source)],
                        check=True, env=env)
-        destination.mkdir(parents=True, exist_ok=True)
         wheel = next((work / "wheel").glob("horovod-*.whl"))
-        shutil.move(str(wheel), destination / wheel.name)
-    (destination / "build.json").write_text(json.dumps(build, indent=1, sort_keys=True) + "\n")
-    return destination / wheel.name
+        return publish(wheel, build, destination)
+
+
+def download_sdist(version, sha256, work):
+    """Horovod's sdist in ``work``, its sha256 checked before anything of it runs: pip's
+    hash-checking mode verifies the archive as it arrives, before it prepares its metadata
+    (which runs the sdist's setup.py)."""
+    requirements = work / "requirements.txt"
+    requirements.write_text(f"horovod=={version} --hash=sha256:{sha256}\n")
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "--require-hashes", "-r", str(requirements), "-d", str(work)], check=True)
+    except subprocess.CalledProcessError:
+        fail(f"pip could not download horovod {version} with the sha256 the patches were made for ({sha256}): "
+             f"see pip's message above")
+    return work / f"horovod-{version}.tar.gz"
+
+
+def publish(wheel, build, destination):
+    """Put ``wheel`` and its ``build.json`` in the cache at ``destination`` by renaming a whole
+    directory, so that a reader, or another build at the same time, sees an entry whole or not at
+    all. An entry already there (``--rebuild``, or one that does not serve) is moved away first;
+    one that another build publishes meanwhile is as good, and kept."""
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        shutil.copy2(wheel, staging / wheel.name)
+        (staging / "build.json").write_text(json.dumps(build, indent=1, sort_keys=True) + "\n")
+        if destination.exists():
+            replaced = destination.with_name(f".{destination.name}.replaced.{os.getpid()}")
+            os.rename(destination, replaced)
+            shutil.rmtree(replaced, ignore_errors=True)
+        try:
+            os.rename(staging, destination)
+        except OSError:
+            if not (destination / "build.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return next(destination.glob("horovod-*.whl"))
 
 
 def check_build(build):
@@ -223,6 +264,7 @@ def main(argv=None):
     marker = pathlib.Path(sys.prefix) / ".horovod-wheel"
     if wheel is None:
         log(f"no cached wheel for {json.dumps(build['frameworks'])} under {args.cache}; building one")
+        (args.cache / "wheels").mkdir(parents=True, exist_ok=True)
         wheel = build_wheel(build, args.cache / "wheels" / f"horovod-{build['horovod']}-{cache_key(build)}")
     elif installed_version(["horovod"]) == build["horovod"] and marker.is_file() and marker.read_text() == str(wheel):
         log(f"Horovod {build['horovod']} from {wheel} is already installed")

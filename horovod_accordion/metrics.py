@@ -1,15 +1,21 @@
 """What the optimizer reports: bytes on the wire per step, and each layer's level per check,
 as a dict, as JSONL and, optionally, as TensorBoard scalars."""
 
+import collections
 import json
 
 __all__ = ["CommunicationLog"]
+
+# How many of the last steps keep their bytes and fields in memory: a run of any length holds
+# this many, and the totals count every step.
+HISTORY_STEPS = 10_000
 
 
 class CommunicationLog:
     """Per-step traffic and per-check decisions, as a dict and optionally as JSONL.
 
-    ``path``: a JSONL file that every record is appended to, or ``None``.
+    ``path``: a JSONL file that every record is appended to, or ``None``; opened once, and each
+    record flushed as it is written, so a crash loses none.
     ``scalars``: a TensorBoard writer with ``add_scalar(tag, value, step)`` and ``flush()``
     (``torch.utils.tensorboard.SummaryWriter``, or the TensorFlow adapter's), or ``None``.
     """
@@ -17,9 +23,12 @@ class CommunicationLog:
     def __init__(self, path=None, scalars=None):
         self.path = path
         self.scalars = scalars
-        self.bytes_per_step = []
-        self.steps_extra = []
+        self.bytes_per_step = collections.deque(maxlen=HISTORY_STEPS)
+        self.steps_extra = collections.deque(maxlen=HISTORY_STEPS)
         self.checks = []
+        self.steps = 0
+        self.step_bytes_sent = 0  # over every step, also those no longer in ``bytes_per_step``
+        self._stream = None
 
     @classmethod
     def on_rank(cls, rank, path=None, tensorboard_dir=None, writer=None):
@@ -30,6 +39,8 @@ class CommunicationLog:
         return cls(path, None if tensorboard_dir is None else writer(tensorboard_dir))
 
     def record_step(self, step, bytes_sent, **extra):
+        self.steps += 1
+        self.step_bytes_sent += int(bytes_sent)
         self.bytes_per_step.append(int(bytes_sent))
         self.steps_extra.append(extra)
         self._write({"event": "step", "step": step, "bytes_sent": int(bytes_sent), **extra})
@@ -56,15 +67,30 @@ class CommunicationLog:
         self._write(record)
 
     def as_dict(self):
+        """``bytes_per_step`` and ``steps_extra`` cover the last ``HISTORY_STEPS`` steps; ``steps``
+        and ``total_bytes_sent`` every step."""
         return {
-            "steps": len(self.bytes_per_step),
+            "steps": self.steps,
             "bytes_per_step": list(self.bytes_per_step),
-            "total_bytes_sent": sum(self.bytes_per_step) + sum(c.get("bytes_sent", 0) for c in self.checks),
+            "total_bytes_sent": self.step_bytes_sent + sum(c.get("bytes_sent", 0) for c in self.checks),
             "steps_extra": list(self.steps_extra),
             "checks": list(self.checks),
         }
 
     def _write(self, record):
-        if self.path is not None:
-            with open(self.path, "a") as stream:
-                stream.write(json.dumps(record) + "\n")
+        if self.path is None:
+            return
+        if self._stream is None or self._stream.name != self.path:
+            self.close()
+            self._stream = open(self.path, "a")
+        self._stream.write(json.dumps(record) + "\n")
+        self._stream.flush()
+
+    def close(self):
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def __getstate__(self):
+        """Pickled (an elastic or Ray copy of a state) without its open file, which it reopens."""
+        return dict(self.__dict__, _stream=None)

@@ -30,6 +30,15 @@ class HorovodProcessSetCollectives(Collectives):
     def rank(self):
         return self.process_set.rank()
 
+    def included(self):
+        """Whether this process is in the set: Horovod lets a process build an optimizer for a set
+        it is not in, whose collectives it then skips."""
+        return self.process_set.included()
+
+    def is_first_rank(self):
+        """Whether this process writes the logs: the set's first rank (a non-member is not)."""
+        return self.included() and self.rank() == 0
+
     # Their names are fixed, not this exchange's prefix: they run where the ranks may disagree on
     # the layer names that the prefix is made of. Eager, blocking.
     def broadcast_object(self, value):

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 
 from horovod_accordion.arguments import under_elastic
+from horovod_accordion.backends import CollectiveOps, TensorOps
 from horovod_accordion.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
                                            kept_count, packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
@@ -20,7 +21,7 @@ __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", 
            "query_stream", "split_state"]
 
 
-def make_reducer(compression, shapes, tensors, collectives, plain_compressor):
+def make_reducer(compression, shapes, tensors: TensorOps, collectives: CollectiveOps, plain_compressor):
     """The reducer for ``compression`` and its (ℓ_low, ℓ_high), on the backends ``tensors`` and
     ``collectives``; ``plain_compressor`` is the base class of the framework's plain compressors
     (none, fp16): Horovod's ``Compressor``, or ``torch_compression.PlainCompressor`` where there
@@ -98,10 +99,16 @@ class _Reducer:
 
     fuses_itself = False  # whether Horovod's tensor fusion, rather than our buckets, should batch it
 
-    def __init__(self, shapes, config, tensors, collectives):
+    def __init__(self, shapes, config, tensors: TensorOps, collectives: CollectiveOps):
         self.config = config
-        self.tensors, self.collectives = tensors, collectives
+        self.tensors: TensorOps = tensors
+        self.collectives: CollectiveOps = collectives
         self.shapes = None if shapes is None else [tuple(s) for s in shapes]
+
+    def phases(self, layers, grads, name):
+        """The bucket's work, as a generator: each phase starts its collectives and yields before it
+        waits on them; the generator returns ``{layer: average}``."""
+        raise NotImplementedError
 
     def start(self, layers, grads, name=""):
         """Start reducing ``grads`` of the layers ``layers`` (one bucket), as a ``BucketReduction``."""
@@ -165,8 +172,8 @@ class PowerSGDReducer(_Reducer):
         Q = Mᵀ P;    allreduce(Q)         one fused allreduce per bucket
         out = P Qᵀ;  memory = M − out
 
-    Two collectives per bucket and step, whatever the number of layers; the authors' release made
-    two blocking calls per layer, which is why their PowerSGD speedups were 1.03–1.14×.
+    Two collectives per bucket and step, whatever the number of layers (the authors' release made
+    two blocking calls per layer).
 
     A layer whose M or result is not finite this step (an fp16 overflow under AMP, on any
     rank) keeps its memory and Q as they were: the step's output is still non-finite, so a
@@ -316,8 +323,11 @@ class TopKReducer(_Reducer):
             self.tensors.set_level(self.fractions[i], levels[i])
 
     def level_costs(self, ladder):
-        """Each compressed layer's bytes per step at each fraction of ``ladder``, on the wire
-        this world size would choose: values and indices, or the dense layer."""
+        """Each compressed layer's cost per step at each fraction of ``ladder``, on the wire this
+        world size would choose (values and indices, or the dense layer), weighed as the links
+        carry it: an allgather carries (W − 1)× its payload on each rank's link and a ring
+        allreduce 2(W − 1)/W× its buffer, so a sparse level counts W/2 × its payload bytes
+        against the dense layer's bytes (the same at W = 2)."""
         size = int(self.collectives.size())
         costs = {}
         for i in self.compressed:
@@ -326,7 +336,7 @@ class TopKReducer(_Reducer):
                 k = kept_count(fraction, self.numels[i])
                 sparse = self.config.wire == "sparse" or (
                     self.config.wire == "auto" and sparse_is_cheaper(k, self.numels[i], index_bytes(dtype), size))
-                row.append(4 * (k + packed_index_words(k, dtype)) if sparse else 4 * self.numels[i])
+                row.append(4 * (k + packed_index_words(k, dtype)) * size / 2 if sparse else 4 * self.numels[i])
             costs[i] = row
         return costs
 

@@ -107,9 +107,9 @@ class TorchTensorOps:
     def matmul(self, a, b, out=None):
         """``a @ b``, written into ``out`` (a flat tensor of its size) if given. On the CPU, a
         product with a tall, thin right operand (M Q and Mᵀ P, r columns) is computed as (bᵀ aᵀ)ᵀ
-        with bᵀ contiguous: MKL's single-threaded sgemm took 4.6–8.9× longer for the same product
-        at r = 2 and 4 (``benchmarks/matmul_layouts.py``). A GPU's BLAS reads either layout, where
-        the copy of bᵀ would only add a kernel."""
+        with bᵀ contiguous, the layout MKL's single-threaded sgemm is fast in (figures:
+        ``benchmarks/results/matmul_layouts.json``). A GPU's BLAS reads either layout, where the
+        copy of bᵀ would only add a kernel."""
         (rows, _), (_, columns) = a.shape, b.shape
         if _on_cpu(a) and columns < b.shape[0]:
             product_t = None if out is None else out.view(columns, rows)
@@ -257,9 +257,9 @@ class TorchTensorOps:
         return total / indices.shape[0]
 
     def squared_norms(self, tensors):
-        """In the tensors' own precision, squared in fp64: ``vector_norm(dtype=float64)`` copies the
-        tensor to fp64 first (13x the time on a 2.4 M-entry layer), and a check compares norms
-        relatively, far above fp32's accumulated rounding (~1e-6)."""
+        """In the tensors' own precision, squared in fp64: ``vector_norm(dtype=float64)`` would copy
+        the tensor to fp64 first, and a check compares norms relatively, far above fp32's
+        accumulated rounding (~1e-6)."""
         return torch.stack([torch.linalg.vector_norm(t) for t in tensors]).double().square()
 
     def finite_flags(self, tensors):

@@ -2,6 +2,9 @@
 patches that must match exactly once. The build itself runs in `make setup` (scripts/setup.sh),
 and the whole install path a user takes in tests/test_release.py."""
 import json
+import subprocess
+import sys
+import tarfile
 
 import pytest
 
@@ -85,3 +88,72 @@ def test_include_paths_go_first_whether_or_not_the_machine_set_any(before, after
     env = dict(before)
     install_horovod.prepend_paths(env, "CPLUS_INCLUDE_PATH", ["/a", "/b"])
     assert env["CPLUS_INCLUDE_PATH"] == after
+
+
+def test_the_sdist_is_hashed_before_anything_of_it_runs(tmp_path, monkeypatch):
+    """pip prepares a downloaded sdist's metadata (its setup.py runs) before we could hash the file:
+    the download goes through pip's hash-checking mode, which refuses it first."""
+    ran = []
+    monkeypatch.setattr(install_horovod.subprocess, "run", lambda command, **kw: ran.append(command))
+    archive = install_horovod.download_sdist("0.28.1", "ab" * 32, tmp_path)
+    (command,) = ran
+    assert "--require-hashes" in command and command[command.index("-r") + 1] == str(tmp_path / "requirements.txt")
+    assert (tmp_path / "requirements.txt").read_text() == f"horovod==0.28.1 --hash=sha256:{'ab' * 32}\n"
+    assert archive == tmp_path / "horovod-0.28.1.tar.gz"
+
+
+def test_pip_refuses_an_sdist_of_another_hash_before_preparing_it(tmp_path):
+    """The real pip, on a local sdist whose setup.py leaves a mark when pip prepares it (it does
+    without hashes, in this environment with --no-build-isolation): the wrong hash stops it first."""
+    source = tmp_path / "marker-1.0"
+    source.mkdir()
+    mark = tmp_path / "setup_ran"
+    (source / "setup.py").write_text(f"open({str(mark)!r}, 'w').close()\nfrom setuptools import setup\n"
+                                     f"setup(name='marker', version='1.0')\n")
+    with tarfile.open(tmp_path / "marker-1.0.tar.gz", "w:gz") as sdist:
+        sdist.add(source, arcname="marker-1.0")
+    (tmp_path / "req.txt").write_text(f"marker==1.0 --hash=sha256:{'0' * 64}\n")
+    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-build-isolation", "--no-index",
+                             "--find-links", str(tmp_path),
+                             "--no-deps", "--no-binary", ":all:", "--require-hashes", "-r", str(tmp_path / "req.txt"),
+                             "-d", str(tmp_path / "out")], capture_output=True, text=True)
+    assert result.returncode != 0 and "hash" in result.stderr.lower(), result.stderr
+    assert not mark.exists(), "the sdist's setup.py ran before its hash was checked"
+
+
+def test_cuda_and_nccl_locations_reach_the_build_and_join_the_key(monkeypatch):
+    monkeypatch.setenv("HOROVOD_NCCL_HOME", "/opt/nccl")
+    monkeypatch.setenv("CUDA_HOME", "/usr/local/cuda-12")
+    monkeypatch.delenv("NCCL_HOME", raising=False)
+    build = install_horovod.describe_build("NCCL")
+    assert build["locations"]["HOROVOD_NCCL_HOME"] == "/opt/nccl" and build["locations"]["CUDA_HOME"] == \
+        "/usr/local/cuda-12"
+    env = install_horovod.build_environment(build, {"PATH": "/usr/bin", "HOROVOD_NCCL_HOME": "/elsewhere",
+                                                    "NCCL_HOME": "/not/in/the/key"})
+    assert env["HOROVOD_NCCL_HOME"] == "/opt/nccl" and env["CUDA_HOME"] == "/usr/local/cuda-12"
+    assert "NCCL_HOME" not in env
+    other = dict(build, locations=dict(build["locations"], HOROVOD_NCCL_HOME="/opt/nccl-2"))
+    assert install_horovod.cache_key(other) != install_horovod.cache_key(build)
+
+
+def test_the_compiler_joins_the_key_and_a_silent_tool_is_no_crash(monkeypatch):
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], 60)
+
+    assert "compiler" in install_horovod.describe_build(None)
+    monkeypatch.setattr(install_horovod.subprocess, "run", hangs)
+    assert install_horovod.first_line(["nvcc", "--version"]) is None
+
+
+def test_a_cache_entry_appears_whole_and_a_concurrent_one_is_kept(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = tmp_path / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"built")
+    destination = wheels / "horovod-0.28.1-key"
+    published = install_horovod.publish(wheel, BUILD, destination)
+    assert published.read_bytes() == b"built" and json.loads((destination / "build.json").read_text()) == BUILD
+    assert [p.name for p in wheels.iterdir()] == [destination.name], "no staging directory is left"
+    wheel.write_bytes(b"rebuilt")
+    assert install_horovod.publish(wheel, BUILD, destination).read_bytes() == b"rebuilt"  # --rebuild replaces
+    assert [p.name for p in wheels.iterdir()] == [destination.name]

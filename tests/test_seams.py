@@ -6,6 +6,7 @@ from tests.conftest import CONTROLLERS, check_names
 
 @pytest.mark.multiworker
 @pytest.mark.parametrize("controller", CONTROLLERS)
-@pytest.mark.parametrize("check", check_names("seam_checks"))
-def test_seams(launches, controller, check):
-    launches("seam_checks", controller).check(check)
+@pytest.mark.parametrize("module,check", [(m, c) for m in ("seam_checks", "review_seam_checks")
+                                          for c in check_names(m)])
+def test_seams(launches, controller, module, check):
+    launches(module, controller).check(check)

@@ -153,35 +153,41 @@ class AccordionState:
         self._bind_parameters([name for name, _ in named], [p for _, p in named])
 
     def _bind_parameters(self, names, params):
-        log = None
-        if self._exchange is not None:
-            self._saved, log = self.state_dict(), self._exchange.accordion.log
-        check_real_floating(names, [p.dtype for p in params], [p.is_floating_point() for p in params])
-        check_on_one_device(names, [p.device for p in params], self._levels())
-        self._layer_of = {p: layer for layer, p in enumerate(params)}
-        self._names = names
-        tensors = TorchTensorOps(params[0].device if params else "cpu")
-        self._collectives = DistributedCollectives(tensors, self.process_group)
-        check_same_exchange_on_all_ranks(self._collectives, names, [p.shape for p in params], [p.dtype for p in params],
-                                         self.compression, self._schedule_options["policy"])
-        reducer, levels = make_reducer(self.compression, [p.shape for p in params], tensors, self._collectives,
-                                       PlainCompressor)
-        self._plain = DenseReducer(None, None, tensors, self._collectives)  # the steps before start_iter
-        log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir,
-                                              summary_writer)
-        accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **self._schedule_options)
-        self._exchange = BucketedExchange(accordion, reducer, params, self._loss_scale)
-        self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch
-        self._waiting = []
+        """Bind to ``params``, keeping what a bound state has learnt. A failure (a check, another
+        rank's parameters, a checkpoint that does not fit) leaves the state exactly as it was:
+        bound to its parameters, or unbound with its pending checkpoint. Half-bound, the next hook
+        call would re-bind by position, and same-shaped layers could swap memories."""
+        before = {field: self.__dict__.get(field) for field in _BINDING}
+        saved = self.state_dict()
+        log = self._exchange.accordion.log if self.bound else None
+        try:
+            check_real_floating(names, [p.dtype for p in params], [p.is_floating_point() for p in params])
+            check_on_one_device(names, [p.device for p in params], self._levels())
+            self._layer_of = {p: layer for layer, p in enumerate(params)}
+            self._names = names
+            tensors = TorchTensorOps(params[0].device if params else "cpu")
+            self._collectives = DistributedCollectives(tensors, self.process_group)
+            check_same_exchange_on_all_ranks(self._collectives, names, [p.shape for p in params],
+                                             [p.dtype for p in params], self.compression,
+                                             self._schedule_options["policy"])
+            reducer, levels = make_reducer(self.compression, [p.shape for p in params], tensors, self._collectives,
+                                           PlainCompressor)
+            self._plain = DenseReducer(None, None, tensors, self._collectives)  # the steps before start_iter
+            log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir,
+                                                  summary_writer)
+            accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed,
+                                  **self._schedule_options)
+            self._exchange = BucketedExchange(accordion, reducer, params, self._loss_scale)
+            self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch
+            self._waiting = []
+            if saved is not None:
+                self.load_state_dict(saved)
+        except BaseException:
+            self.__dict__.update(before)
+            raise
+        self._saved = None
         if accordion.adaptive and accordion.window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
-        if self._saved is not None:
-            try:
-                self.load_state_dict(self._saved)
-            except ValueError:
-                self._exchange = self._steps = None  # not half-bound: the state stays as it was, the checkpoint with it
-                raise
-            self._saved = None
         if self._lr_before_binding is not None:
             self._steps.observe_lr(self._lr_before_binding)
             self._lr_before_binding = None
@@ -274,7 +280,8 @@ class AccordionState:
         return dict({k: self.__dict__[k] for k in kept}, _saved=self.state_dict())
 
     def __setstate__(self, state):
-        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale()}, **state))  # pickled before them
+        # A state pickled before it had these.
+        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale()}, **state))
         self.process_group = None
         self._unbound()
         self._hook_ran = [True]  # an unpickled state may be read only: no warning for it
@@ -342,6 +349,10 @@ class AccordionState:
         self._waiting = []
         self.iter += 1
         self._steps.end_steps()
+
+
+# What binding sets: restored whole when a bind fails.
+_BINDING = ("_layer_of", "_names", "_collectives", "_plain", "_exchange", "_steps", "_waiting", "_saved")
 
 
 def _is_plain(compression):

@@ -51,12 +51,13 @@ def step_metrics(state, levels=True):
 
 
 class EveryRankState:
-    """``state``'s checkpoint for a trainer that writes it from one rank: ``state_dict()`` is
-    every rank's ``state.state_dict()``, in rank order, and ``load_state_dict`` loads this
-    rank's own entry. Accelerate's ``register_for_checkpointing`` takes it as it is.
+    """``state``'s checkpoint for a trainer that writes it from one rank: ``state_dict()`` is, on
+    the first rank, every rank's ``state.state_dict()``, in rank order, and ``load_state_dict``
+    loads this rank's own entry. Accelerate's ``register_for_checkpointing`` takes it as it is.
 
     ``state_dict()`` is a collective: call it on every rank, where the trainer dumps its
-    checkpoint (Lightning's, Accelerate's ``save_state``: all ranks do, one writes).
+    checkpoint (Lightning's, Accelerate's ``save_state``: all ranks do, the first writes); it
+    gathers to the first rank only.
     ``load_state_dict`` works before the state is bound too: it applies when the state binds.
     At another world size, a rank without an entry takes the first rank's: its shared part
     (levels, Q, the detector) resumes exactly and its own memories restart from zero, with a
@@ -66,10 +67,14 @@ class EveryRankState:
         self.state = state
 
     def state_dict(self):
-        # On the CPU: a pickled CUDA tensor would unpickle onto the sender's device, on every rank.
+        """On the group's first rank, which the trainers write from: every rank's state. Elsewhere
+        ``None``: no rank holds the others' memories but the one that writes them."""
+        # On the CPU: a pickled CUDA tensor would unpickle onto the sender's device.
         mine = map_leaves(self.state.state_dict(), torch.Tensor, lambda tensor: tensor.cpu())
-        gathered = [None] * dist.get_world_size(self.state.process_group)
-        dist.all_gather_object(gathered, mine, group=self.state.process_group)
+        group = self.state.process_group
+        first = dist.get_rank(group) == 0
+        gathered = [None] * dist.get_world_size(group) if first else None
+        dist.gather_object(mine, gathered, group=group, group_dst=0)
         return gathered
 
     def load_state_dict(self, saved):

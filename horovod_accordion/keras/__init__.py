@@ -18,3 +18,11 @@ from horovod_accordion.tensorflow.optimizer import DistributedOptimizer, load_mo
 from horovod_accordion.batch import BatchSwitch  # noqa: F401,E402
 from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401,E402
 import horovod_accordion.keras.elastic as elastic  # noqa: F401,E402 - hvd.elastic, with Accordion's KerasState
+
+import horovod.tensorflow.keras as _horovod_keras  # noqa: E402
+
+
+def __getattr__(name):
+    """Every other name of ``horovod.tensorflow.keras``, the private ones that ``import *`` skips
+    included: code written for Horovod reads them."""
+    return getattr(_horovod_keras, name)

@@ -12,3 +12,11 @@ from horovod_accordion.tensorflow.state import AccordionState  # noqa: F401
 from horovod_accordion.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from horovod_accordion.batch import BatchSwitch  # noqa: F401
 from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401
+
+import horovod.tensorflow as _horovod_tensorflow  # noqa: E402
+
+
+def __getattr__(name):
+    """Every other name of ``horovod.tensorflow``, the private ones that ``import *`` skips included
+    (``_executing_eagerly``, ``_DistributedOptimizer``...): code written for Horovod reads them."""
+    return getattr(_horovod_tensorflow, name)

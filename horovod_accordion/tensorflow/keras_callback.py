@@ -41,6 +41,13 @@ class AccordionCallbackMixin:
             self.model.make_train_function(force=True)
         if getattr(optimizer, "_accordion_options", {}).get("batch_switch") is None:
             return
+        executions = _steps_per_execution(self.model)
+        if executions > 1:
+            # The batch callbacks, which count the micro-batches and set each one's scales, run once
+            # per execution: the micro-batches between them would be scaled as the first.
+            raise ValueError(f"batch_switch counts each micro-batch in fit()'s batch callbacks, which run once per "
+                             f"{executions} batches with steps_per_execution={executions}: compile the model with "
+                             f"steps_per_execution=1")
         # Batch switching counts every micro-batch, the first included: create the state now.
         if not self.model.built:
             raise ValueError("batch_switch needs the model built before fit(): give the first layer an "
@@ -86,3 +93,11 @@ class AccordionCallbackMixin:
             return
         if state.window_steps is None:
             state.end_epoch()
+
+
+def _steps_per_execution(model):
+    """The model's ``steps_per_execution``: Keras 3's attribute, or tf_keras's variable."""
+    value = getattr(model, "steps_per_execution", None)
+    if value is None:
+        value = getattr(model, "_steps_per_execution", None)
+    return 1 if value is None else int(value.numpy() if hasattr(value, "numpy") else value)

@@ -7,6 +7,7 @@ which calls ``accordion_apply``; the ``AccordionState`` is created on the first 
 once the variables are known.
 """
 
+import json
 import warnings
 
 import numpy as np
@@ -70,7 +71,7 @@ class AccordionOptimizer:
             self._track_trackable(self._accordion_state, name="accordion_state")
             if getattr(self, "_accordion_restore", None) is not None:
                 with tf.init_scope():
-                    self._accordion_state.load_snapshot(self._accordion_restore)
+                    self._accordion_state.load_snapshot(*self._accordion_restore)
                 self._accordion_restore = None
             # If only the root rank restored a checkpoint, the ranks would start this first step
             # with different levels: share them now, as BroadcastGlobalVariablesCallback does
@@ -88,8 +89,13 @@ class AccordionOptimizer:
         Keras 3 stores numbers only: the detector's JSON goes as its UTF-8 bytes."""
         super().save_own_variables(store)
         # Loaded but not yet applied (no step since): saved as it was loaded, not dropped.
-        values = self._accordion_state.snapshot() if self._accordion_state is not None else self._accordion_restore
+        if self._accordion_state is not None:
+            values, names = self._accordion_state.snapshot(), self._accordion_state.snapshot_names()
+        else:
+            values, names = self._accordion_restore or (None, None)
         if values is not None:
+            if names is not None:  # so that a load checks them: the values are by position
+                store["accordion_names_utf8"] = np.frombuffer(json.dumps(names).encode(), np.uint8)
             for k, value in enumerate(values):
                 if isinstance(value, bytes):
                     store[f"accordion_{k}_utf8"] = np.frombuffer(value, np.uint8)
@@ -97,14 +103,16 @@ class AccordionOptimizer:
                     store[f"accordion_{k}"] = value
 
     def load_own_variables(self, store):
-        ours = sorted((key for key in store.keys() if key.startswith("accordion_")),
+        ours = sorted((key for key in store.keys() if key.startswith("accordion_") and key.split("_")[1].isdigit()),
                       key=lambda key: int(key.split("_")[1]))
         super().load_own_variables({key: store[key] for key in store.keys() if not key.startswith("accordion_")})
         values = [_stored_value(store[key], key.endswith("_utf8")) for key in ours] or None
+        names = json.loads(_stored_value(store["accordion_names_utf8"], True)) \
+            if "accordion_names_utf8" in store.keys() else None  # files saved before names were kept
         if self._accordion_state is not None and values is not None:
-            self._accordion_state.load_snapshot(values)
+            self._accordion_state.load_snapshot(values, names)
         else:  # applied when the state is created, at the first step
-            self._accordion_restore = values
+            self._accordion_restore = None if values is None else (values, names)
 
     @property
     def accordion_state(self):

@@ -10,6 +10,7 @@ retrace. The detector's Python state is mirrored into a string variable, so one
 
 import json
 
+import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 from horovod.tensorflow.compression import Compressor
@@ -90,9 +91,9 @@ class AccordionState(tf.Module):
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
         self._compression = compression
         self._variables = variables
-        if not under_elastic():
+        if not under_elastic() and process_set.included():
             self.check_same_variables_on_all_ranks()
-        if process_set.rank() == 0:
+        if self._collectives.is_first_rank():
             self._log.path = log_path
             self.write_tensorboard(tensorboard_dir)
         # Tracked by tf.train.Checkpoint through tf.Module's attribute tracking.
@@ -146,8 +147,29 @@ class AccordionState(tf.Module):
         """Every variable's value, for an in-memory commit (``hvd.elastic``)."""
         return [v.numpy() for v in self.variables]
 
-    def load_snapshot(self, values):
-        for variable, value in zip(self.variables, values):
+    def snapshot_names(self):
+        """The names of ``snapshot()``'s values, in its order, to save beside them."""
+        return [v.name for v in self.variables]
+
+    def load_snapshot(self, values, names=None):
+        """Assign a ``snapshot()``; ``names``, where saved beside it, are checked too. A snapshot
+        of another model or configuration (count, names or shapes) is a ``ValueError``, raised
+        before anything is assigned."""
+        variables = self.variables
+        problem = None
+        if len(values) != len(variables):
+            problem = f"it holds {len(values)} values, this state has {len(variables)} variables"
+        elif names is not None and list(names) != [v.name for v in variables]:
+            problem = next(f"value {k} is {saved!r}, this state's variable {k} is {v.name!r}"
+                           for k, (saved, v) in enumerate(zip(names, variables)) if saved != v.name)
+        else:
+            problem = next((f"value {k} ({v.name}) has shape {np.shape(value)}, the variable {tuple(v.shape)}"
+                            for k, (value, v) in enumerate(zip(values, variables))
+                            if tuple(np.shape(value)) != tuple(v.shape)), None)
+        if problem is not None:
+            raise ValueError(f"this Accordion snapshot does not fit this AccordionState: {problem}. It was saved "
+                             f"with another model, compression or configuration")
+        for variable, value in zip(variables, values):
             variable.assign(value)
         self._collectives.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
 
@@ -203,6 +225,8 @@ class AccordionState(tf.Module):
         """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
         sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
+        if not self._collectives.included():
+            return grads  # as Horovod: a process outside the set keeps its own gradients
         self.steps.assign_add(1)
         layers = range(len(grads))
         # The pending sums are fp32, as is the count the exchange divides them by.
@@ -283,7 +307,7 @@ class AccordionState(tf.Module):
 
     def write_tensorboard(self, logdir):
         """Rank 0 writes Accordion's scalars (bytes per step, levels and ratios per check) to ``logdir``."""
-        if logdir is not None and self._collectives.process_set.rank() == 0:
+        if logdir is not None and self._collectives.is_first_rank():
             self._log.scalars = SummaryScalars(logdir)
 
     def accordion_stats(self):

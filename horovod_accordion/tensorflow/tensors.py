@@ -117,8 +117,8 @@ class TensorFlowTensorOps:
     def add_at(self, total, indices, values):
         total.scatter_add(tf.IndexedSlices(tf.cast(values, total.dtype), tf.constant(list(indices), tf.int32)))
 
-    def delta_like(self, variable):
-        return tf.Variable(tf.zeros(variable.shape, tf.float32), trainable=False, name="accumulated")
+    def delta_like(self, param):
+        return tf.Variable(tf.zeros(param.shape, tf.float32), trainable=False, name="accumulated")
 
     def counters(self, count):
         return tf.Variable(tf.zeros(count), trainable=False, name="non_finite_counts")

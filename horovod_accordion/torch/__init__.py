@@ -12,3 +12,11 @@ from horovod_accordion.torch.optimizer import DistributedOptimizer, broadcast_op
 from horovod_accordion.batch import BatchSwitch  # noqa: F401
 from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401
 import horovod_accordion.torch.elastic as elastic  # noqa: E402,F401 - hvd.elastic, with our state handler
+
+import horovod.torch as _horovod_torch  # noqa: E402
+
+
+def __getattr__(name):
+    """Every other name of ``horovod.torch``, the private ones that ``import *`` skips included
+    (``_executing_eagerly``, ``_DistributedOptimizer``...): code written for Horovod reads them."""
+    return getattr(_horovod_torch, name)

@@ -15,13 +15,15 @@ __all__ = ["TorchCollectives"]
 # Horovod's synchronize() spins until its collective completes, holding the GIL. Where ranks
 # share the cores, as in CPU training, the spin takes the core from the background thread doing
 # the reduction and from the other ranks' compute. Polling with a short back-off leaves the core
-# free, at the cost of up to about the longest pause plus the kernel's timer slack (0.3 ms here)
-# per wait. On a GPU the node has cores to spare and the wait stays Horovod's own.
+# free, at the cost of up to about the longest pause plus the kernel's timer slack per wait. On a GPU the node has cores to spare and the wait stays Horovod's own.
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 1e-5, 2e-4
 
 
 def _wait_for(handle, polling):
-    """``hvd.synchronize(handle)``; with ``polling``, without spinning a core meanwhile."""
+    """``hvd.synchronize(handle)``; with ``polling``, without spinning a core meanwhile. A sparse
+    allreduce's handle is a function that waits and returns the aggregate."""
+    if callable(handle):
+        return handle()
     pause = _FIRST_PAUSE_S
     try:
         while polling and not hvd.poll(handle):
@@ -65,3 +67,12 @@ class TorchCollectives(HorovodProcessSetCollectives):
         self.bytes_sent += flat.numel() * flat.element_size()
         handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Pending(handle, lambda gathered: gathered.view(self.size(), -1), flat.device.type == "cpu")
+
+    def start_sparse_allreduce(self, grad, name, op):
+        """Horovod's sparse allreduce of a sparse gradient (an allgather of its indices and values),
+        as Horovod's optimizer makes it for ``sparse_as_dense=False``; ``wait()`` gives the
+        aggregate, sparse, averaged or summed by ``op``."""
+        grad = grad.coalesce()
+        self.bytes_sent += sum(t.numel() * t.element_size() for t in (grad.indices(), grad.values()))
+        return _Pending(hvd.sparse_allreduce_async(grad, name=f"{self.name_prefix}.{name}", op=op,
+                                                   process_set=self.process_set), lambda aggregate: aggregate, False)

@@ -54,8 +54,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  grad_scaler, accordion_options):
         super(self.__class__, self).__init__(params)
         self._params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        # Frozen at construction: like Horovod's, the optimizer never averages them; it says so if
+        # one gets a gradient (unfrozen mid-run), once.
+        self._frozen = [p for group in self.param_groups for p in group["params"] if not p.requires_grad]
+        self._warned_frozen = set()
         names = _parameter_names(self.param_groups, named_parameters)
         self._names = [names[p] for p in self._params]
+        self._parameter_names = names  # Horovod's attribute, which code in the wild reads
         check_real_floating(self._names, [p.dtype for p in self._params],
                             [p.is_floating_point() for p in self._params])
         self.backward_passes_per_step = backward_passes_per_step
@@ -73,7 +78,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         log_path, tensorboard_dir = schedule.pop("log_path"), schedule.pop("tensorboard_dir")
         self._accordion = Accordion(self._names, **schedule)
         # After the schedule has checked its arguments: a bad one raises before Horovod is touched.
-        self._accordion.log = CommunicationLog.on_rank(process_set.rank(), log_path, tensorboard_dir, summary_writer)
+        self._accordion.log = CommunicationLog.on_rank(0 if self._collectives.is_first_rank() else None, log_path,
+                                                       tensorboard_dir, summary_writer)
         self._loss_scale = LossScale(grad_scaler)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._params, self._loss_scale)
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
@@ -90,10 +96,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             this = weakref.ref(self)
             for layer, p in enumerate(self._params):
                 p.register_post_accumulate_grad_hook(functools.partial(_on_gradient_accumulated, this, layer))
+                if batch_switch is not None:
+                    p.register_hook(functools.partial(_on_gradient_arriving, this, layer))
         # Tells this process's own saved state (an elastic commit) from another rank's file.
         self._owner = uuid.uuid4().hex
         self._compression = compression
-        if not under_elastic():
+        if not under_elastic() and process_set.included():
             self.check_same_parameters_on_all_ranks()
 
     def check_same_parameters_on_all_ranks(self):
@@ -121,6 +129,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._passes = [0] * len(self._params)  # backward passes seen this step, per layer
         self._ready = [0] * len(self._buckets)  # layers whose gradient is complete, per bucket
         self._exchange.started = {}
+        self._sparse_pending = {}  # bucket -> its sparse allreduce (none, fp16), for the step in progress
+        self._held_layers = set()  # with batch_switch: the layers whose gradient holds pending micro-batches
+
+    def _hold_micro_batch(self):
+        """A micro-batch that does not complete its large batch: its gradients stay in ``p.grad``."""
+        self._held_layers = {layer for layer, p in enumerate(self._params) if p.grad is not None}
+
+    def _gradient_arriving(self, layer):
+        """Before a micro-batch's gradient adds to ``layer``'s: a gradient held for the large batch
+        in progress that is gone was wiped by ``model.zero_grad()`` (or by hand), with the
+        micro-batches it summed; ``optimizer.zero_grad()`` keeps them."""
+        if layer in self._held_layers and self._steps.pending_micro_batches > 0 and self._params[layer].grad is None:
+            lost = self._steps.held_micro_batches
+            self._held_layers = set()
+            raise RuntimeError(
+                f"the gradient of {self._names[layer]!r} was cleared during a large batch of batch_switch, with "
+                f"the {lost} micro-batch(es) it held: call optimizer.zero_grad(), which keeps them until the large "
+                f"batch is complete, not model.zero_grad()")
 
     def _gradient_ready(self, layer):
         """A backward pass has accumulated ``layer``'s gradient: start its bucket once every
@@ -145,6 +171,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _start_bucket(self, bucket):
         self._observe_lr()  # this step's levels, before its first collective
         layers = self._buckets[bucket]
+        if self._reducer.fuses_itself and not self.sparse_as_dense and self._params[layers[0]].grad is not None \
+                and self._params[layers[0]].grad.is_sparse:
+            # none and fp16 reduce a sparse gradient Horovod's way; its bucket is its one layer.
+            self._sparse_pending[bucket] = self._collectives.start_sparse_allreduce(
+                self._params[layers[0]].grad, f"sparse.{self._names[layers[0]]}", self.op)
+            return
         grads = [self._dense_grad(self._params[layer]) for layer in layers]
         # The mean over a large batch, of the micro-batches whose gradients this rank holds.
         self._exchange.start(bucket, layers, grads, divisor=self._steps.divisor)
@@ -165,15 +197,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._synchronized:
                 return True  # this micro-batch's large batch is already averaged: no exchange of nothing
             if not self._count_micro_batch():
+                self._hold_micro_batch()
                 return False
         for bucket in range(len(self._buckets)):
-            if bucket not in self._exchange.started:
+            if bucket not in self._exchange.started and bucket not in self._sparse_pending:
                 self._start_bucket(bucket)
         try:
             averaged = self._exchange.finish()
+            for bucket, pending in self._sparse_pending.items():
+                # Sparse gradients refuse set_: zero and add, as Horovod's optimizer does.
+                self._params[self._buckets[bucket][0]].grad.zero_().add_(pending.wait())
         finally:
             self._reset_buckets()  # after a failed collective too: elastic retries the step
+        self._warn_of_frozen_changes()
         for layer, p in enumerate(self._params):
+            if layer not in averaged:
+                continue  # reduced sparse, by op already
+            if p.grad is None and not p.requires_grad:
+                continue  # frozen since: its error feedback must not move it
             grad = averaged[layer] * self._collectives.size() if self.op == hvd.Sum else averaged[layer]
             if p.grad is None:
                 p.grad = grad.clone()  # the average may be a view of a buffer that the next step reuses
@@ -184,6 +225,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._steps.end_steps()
         self._synchronized = True
         return True
+
+    def _warn_of_frozen_changes(self):
+        """Once per parameter: one frozen after construction (its memory no longer reaches it), or
+        one unfrozen after it (never averaged: the replicas would drift apart)."""
+        names = self._parameter_names
+        for p in self._params:
+            if not p.requires_grad and p not in self._warned_frozen:
+                self._warned_frozen.add(p)
+                warnings.warn(f"parameter {names.get(p)!r} was frozen after the optimizer was built: it is left out "
+                              f"of the update (its error feedback still travels). Rebuild the optimizer to drop it "
+                              f"from the exchange", RuntimeWarning)
+        for p in self._frozen:
+            if p.grad is not None and p not in self._warned_frozen:
+                self._warned_frozen.add(p)
+                warnings.warn(f"parameter {names.get(p)!r} was frozen when the optimizer was built and has a "
+                              f"gradient now: it is not averaged over ranks (as in Horovod), so the replicas drift "
+                              f"apart. Rebuild the optimizer after unfreezing it", RuntimeWarning)
 
     def _observe_lr(self):
         """Idempotent: called per micro-batch in batch mode, so a decay switches to the
@@ -201,7 +259,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not self.sparse_as_dense:
                 raise ValueError(
                     f"parameter {self._names[self._params.index(p)]!r} has a sparse gradient; Accordion "
-                    f"compresses dense tensors only: pass sparse_as_dense=True")
+                    f"compresses dense tensors only: pass sparse_as_dense=True (Compression.none and fp16 "
+                    f"reduce it sparse, as Horovod does)")
             return p.grad.to_dense()
         # A gradient made with backward(create_graph=True) has a history, which the kept state
         # (memory, residual, Δ) must not copy: it would hold every step's graph.
@@ -242,9 +301,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._steps.count_micro_batch(self.param_groups[0]["lr"])
 
     def step(self, closure=None):
-        self._observe_lr()
+        if self._should_synchronize or self._steps.switches_batch:
+            self._observe_lr()  # after an explicit synchronize(), the step's rate was observed
         if self._steps.switches_batch and not self._count_micro_batch():
             self._steps.new_micro_batch()
+            self._hold_micro_batch()
             return None  # keep accumulating this large batch
         if self._should_synchronize:
             if self._synchronized:
@@ -333,10 +394,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 
     Every rank takes ``root_rank``'s state: the wrapped optimizer's (momentum, LR), the
     levels, the detector, Q and the step counters. Each rank keeps its own error-feedback
-    memory, TopK residuals and window Δ, which are per rank by nature. Unlike Horovod's,
-    it never calls ``step()`` on a fresh optimizer (no phantom update of the
-    compression state), and it makes one broadcast whatever each rank has loaded, so
-    "rank 0 loads the checkpoint, then broadcast" cannot hang.
+    memory, TopK residuals and window Δ, which are per rank by nature. An optimizer with no
+    state yet gets one as Horovod gives it (zero gradients and the wrapped optimizer's own
+    step), without a step of the exchange: no phantom update of the compression state. It
+    makes one broadcast whatever each rank has loaded, so "rank 0 loads the checkpoint, then
+    broadcast" cannot hang.
     """
     if not isinstance(optimizer, AccordionOptimizer):
         return hvd.broadcast_optimizer_state(optimizer, root_rank, model=model)
@@ -345,6 +407,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         return None
     if under_elastic():
         optimizer.check_same_parameters_on_all_ranks()
+    if not super(optimizer.__class__, optimizer).state_dict()["state"]:
+        _initialize_state(optimizer)
     shared = None
     if hvd.rank() == root_rank:
         shared = optimizer.state_dict()
@@ -354,6 +418,20 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     shared["accordion"]["per_rank"] = own
     optimizer.load_state_dict(shared)
     return None
+
+
+def _initialize_state(optimizer):
+    """Horovod's way to give a fresh optimizer its state (momentum buffers, Adam's moments) before
+    a broadcast: zero gradients and one step of the wrapped optimizer. Without the exchange, so
+    nothing is communicated and no Accordion step is counted; the zero gradients stay, as
+    Horovod leaves them."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    super(optimizer.__class__, optimizer).step()
 
 
 class _TensorSlot:
@@ -395,6 +473,12 @@ def _broadcast_state(state, root_rank, process_set, device):
     for handle in handles:
         hvd.synchronize(handle)
     return received
+
+
+def _on_gradient_arriving(optimizer_ref, layer, _gradient):
+    optimizer = optimizer_ref()
+    if optimizer is not None:
+        optimizer._gradient_arriving(layer)
 
 
 def _on_gradient_accumulated(optimizer_ref, layer, _parameter):

@@ -11,9 +11,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, Compression, ErrorBudget, PhaseSchedule, PowerSGD, TopK, accordion_hook
-from horovod_accordion.ddp.trainers import attach
+from horovod_accordion.ddp.trainers import EveryRankState, attach
 from tests.workers.models import batch_of_rank, make_model
-from tests.workers.policy_reference import assert_policy_checks, reference_costs
+from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
 
 COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
 
@@ -482,3 +482,66 @@ def check_attach_refuses_a_model_without_ddp_and_a_second_hook():
     assert len(errors) == 2 and "strategy='ddp'" in errors[0] and "Drop the other hook" in errors[1], errors
     assert not state.bound
     return errors
+
+
+def check_a_failed_bind_leaves_the_state_bound_as_it_was():
+    """``bind`` to a model whose shapes differ fails at the checkpoint check; the state must stay
+    bound to its own model with what it learnt, and train on bitwise as a state that never saw
+    the failed bind (it was left unbound, and the next hook call re-bound it by position)."""
+    compression = COMPRESSIONS["powersgd 2/1"]
+    runs = []
+    for failed_bind in (False, True):
+        model, optimizer, state = hooked(compression)
+        train(model, optimizer, 4)
+        if failed_bind:
+            other = torch.nn.Sequential(torch.nn.Linear(20, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+            levels = state.levels
+            try:
+                state.bind(other)
+            except ValueError as error:
+                assert "differ" in str(error), error
+            else:
+                raise AssertionError("a bind to other shapes went through")
+            assert state.bound and state.levels == levels
+        train(model, optimizer, 6, first=4)
+        runs.append(([p.detach().clone() for p in model.parameters()], levels_history(state.accordion_stats())))
+    (weights, history), (reference, reference_history) = runs[1], runs[0]
+    assert history == reference_history
+    assert all(torch.equal(a, b) for a, b in zip(weights, reference))
+
+
+def check_a_trainer_checkpoint_gathers_every_ranks_state_on_the_first_rank_only():
+    """``EveryRankState`` held W × (Δ + memory) on every rank (an all-gather); now the first rank
+    alone holds them, and each rank loads its own entry back."""
+    model, optimizer, state = hooked(COMPRESSIONS["powersgd 2/1"])
+    train(model, optimizer, 3)
+    gathered = EveryRankState(state).state_dict()
+    if dist.get_rank() == 0:
+        assert len(gathered) == dist.get_world_size()
+        own = gathered[0]["per_rank"]["reducer"]["memory"]
+        assert all(torch.equal(own[i], state.state_dict()["per_rank"]["reducer"]["memory"][i]) for i in own)
+    else:
+        assert gathered is None
+    saved = every_rank(gathered)[0]  # as a trainer reads the first rank's file on every rank
+    _, _, restored = hooked(COMPRESSIONS["powersgd 2/1"])
+    EveryRankState(restored).load_state_dict(saved)
+    mine = restored.state_dict()["per_rank"]["reducer"]["memory"]
+    theirs = state.state_dict()["per_rank"]["reducer"]["memory"]
+    assert all(torch.equal(mine[i], theirs[i]) for i in mine)
+
+
+def check_ranks_whose_learning_rates_differ_agree_on_the_decay():
+    """As the Horovod optimizer's check of the same name (``review_seam_checks``), through DDP's hook."""
+    model, optimizer, state = hooked(COMPRESSIONS["powersgd 2/1"], window_steps=100)
+    accordion = state._exchange.accordion
+    set_regime(accordion, [False] * len(state._names))
+    accordion.apply_levels(state._exchange.reducer)
+    decay_at = 3 if dist.get_rank() == 1 else 6
+    for step in range(9):
+        if step == decay_at:
+            optimizer.param_groups[0]["lr"] /= 4
+        optimizer.zero_grad()
+        loss_at(model, step).backward()
+        optimizer.step()
+    decays = [record["step"] for record in state.accordion_stats()["checks"] if record["event"] == "lr_decay"]
+    assert every_rank(decays) == [[6], [6]], every_rank(decays)  # the weights differ: each rank's own rate

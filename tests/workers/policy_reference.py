@@ -69,7 +69,8 @@ def reference_costs(named_shapes, compression, size):
     """{name: bytes per step at each ladder level} of the layers ``compression`` compresses,
     from the shapes alone: PowerSGD sends P and Q in fp32, (n + m)·r floats; TopK the kept
     values and their indices (int16 to 32,768 entries, two to a word) while that is cheaper
-    on a ring of ``size`` than the dense layer, else the dense layer."""
+    on a ring of ``size`` than the dense layer, else the dense layer. An allgather's payload
+    weighs ``size``/2 × its bytes, as the links carry it against an allreduce."""
     costs = {}
     for name, shape in named_shapes:
         if len(shape) < 2:
@@ -86,7 +87,7 @@ def reference_costs(named_shapes, compression, size):
             kept = max(1, int(fraction * numel))
             sparse = kept * (4 + index_bytes) * size < 8 * numel
             words = kept + ((kept + 1) // 2 if index_bytes == 2 else kept)
-            row.append(4 * words if sparse else 4 * numel)
+            row.append(4 * words * size / 2 if sparse else 4 * numel)  # as the links carry them
         costs[name] = row
     return costs
 

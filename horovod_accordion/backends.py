@@ -1,0 +1,201 @@
+"""The contracts between the core (the reducers, the exchange, the schedule) and each framework's
+backends, as ``typing.Protocol``s: what a tensor backend (``torch_tensors.TorchTensorOps``,
+``tensorflow.tensors.TensorFlowTensorOps``) and a collectives backend (``torch/ops.py``,
+``ddp/ops.py``, ``tensorflow/ops.py``, the advisor's ``SimulatedWorld``) must provide.
+``make test`` type-checks every backend against them (``tests/test_backends.py``), so a backend
+that lacks a method fails there, not at run time on some path. Imports no framework.
+
+Words used below: a *state* is a tensor that survives a step (a framework variable); a *level*
+holder is a value that a step reads and the bookkeeping between steps sets (a rank, a kept
+fraction, a flag); a *flag* is a boolean the device may hold (read without a host sync where
+the backend can); a *tensor* is the framework's own.
+"""
+
+from typing import Any, Callable, Dict, List, Protocol, Sequence, Tuple
+
+__all__ = ["CheckpointTensorOps", "CollectiveOps", "Pending", "TensorOps"]
+
+Tensor = Any  # the framework's tensor: torch.Tensor, tf.Tensor or tf.Variable
+
+
+class Pending(Protocol):
+    """A started collective."""
+
+    def wait(self) -> Any:
+        """Its result, once every rank has taken part."""
+
+
+class TensorOps(Protocol):
+    """The tensor maths and the state of the reducers and the exchange, in one framework."""
+
+    # State that survives a step.
+    def state(self, array: Any, name: str) -> Tensor:
+        """A state holding the numpy ``array``, in fp32 (or the backend's own precision)."""
+
+    def read(self, state: Tensor) -> Tensor:
+        """The state's value, for maths."""
+
+    def assign(self, state: Tensor, value: Tensor) -> None: ...
+
+    def zero(self, state: Tensor) -> None: ...
+
+    def level(self, value: Any, name: str) -> Any:
+        """A level holder, set by ``set_level`` and read by the step in force."""
+
+    def set_level(self, level: Any, value: Any) -> None: ...
+
+    def leading_columns(self, q: Tensor, rank: Any) -> Tensor:
+        """The first ``rank`` (a level holder) columns of ``q``."""
+
+    def assign_leading_columns(self, q: Tensor, value: Tensor) -> None: ...
+
+    def random_normal(self, like: Tensor, stream: int, counter: Any) -> Tensor:
+        """The ``counter``-th standard normal draw of ``stream``, shaped like ``like``, identical on
+        every rank and in every framework; advances the level holder ``counter``."""
+
+    # Tensor maths.
+    def matrix_shape(self, shape: Sequence[int]) -> Tuple[int, int]:
+        """The n × m matrix PowerSGD views a tensor of ``shape`` as, in this framework's layout."""
+
+    def as_matrix(self, grad: Tensor, shape: Sequence[int]) -> Tensor:
+        """``grad`` reshaped to ``shape``, in fp32 or better."""
+
+    def like(self, value: Tensor, grad: Tensor) -> Tensor:
+        """``value`` in ``grad``'s shape and dtype."""
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    def transpose(self, a: Tensor) -> Tensor: ...
+
+    def unscaled(self, grads: List[Tensor], scale: Tensor) -> List[Tensor]:
+        """``grads`` × 1/``scale`` (a loss scale): exact for a power of two."""
+
+    def scaled(self, value: Tensor, scale: Tensor) -> Tensor: ...
+
+    def orthogonalize(self, p: Tensor) -> Tensor:
+        """P's columns orthonormalised; a zero P gives unit columns, a non-finite P stays non-finite."""
+
+    def pack_products(self, name: str, products: List[Tuple[Tensor, Tensor]], tensors: List[Tensor]) -> List[Tensor]:
+        """``[a @ b for a, b in products] + tensors``, laid out for one collective."""
+
+    def kept_count(self, fraction: Any, m: Tensor) -> Any:
+        """TopK's kept count of ``m`` at the level holder ``fraction``."""
+
+    def top_abs_indices(self, m: Tensor, k: Any) -> Tensor: ...
+
+    def gather(self, m: Tensor, indices: Tensor) -> Tensor: ...
+
+    def zeroed_at(self, m: Tensor, indices: Tensor) -> Tensor: ...
+
+    def all_finite(self, *tensors: Tensor) -> Tensor:
+        """A flag: whether every entry of the tensors (``None`` skipped) is finite, summed in fp32 or better."""
+
+    def finite_or(self, value: Tensor, fallback: Tensor) -> Tensor: ...
+
+    def assign_if_finite(self, state: Tensor, value: Tensor, also: Tensor = None) -> None:
+        """``state = value`` if all of ``value`` (and of ``also``) is finite."""
+
+    def add_at(self, total: Tensor, indices: Sequence[int], values: Tensor) -> None:
+        """``total[indices] += values``."""
+
+    def delta_like(self, param: Any) -> Tensor:
+        """A zero Δ for a parameter: fp64 for fp64 parameters, else fp32."""
+
+    def counters(self, count: int) -> Tensor:
+        """``count`` zero counters, a state."""
+
+    def add_if(self, total: Tensor, flag: Tensor, value: Tensor) -> None:
+        """``total += value`` where the flag is true."""
+
+    def when(self, flag: Any, action: Callable[[], None]) -> None:
+        """Run ``action`` where the level holder ``flag`` is true (in a traced step: at run time)."""
+
+    def cond(self, flag: Any, if_true: Callable[[], Any], if_false: Callable[[], Any]) -> Any: ...
+
+    def constant_flag(self, value: bool) -> Any: ...
+
+    def any_flag(self, flags: List[Any]) -> Any:
+        """Whether any of ``flags`` may be true."""
+
+    def zero_count(self) -> Any: ...
+
+    def empty_words(self) -> Tensor: ...
+
+    def empty_floats(self) -> Tensor: ...
+
+    def pack_indices(self, indices: Tensor, dtype: str) -> Tensor:
+        """Indices as int32 words (int16 ones two to a word)."""
+
+    def unpack_indices(self, words: Tensor, count: Any, dtype: str) -> Tensor: ...
+
+    def float_bits(self, values: Tensor) -> Tensor: ...
+
+    def bits_float(self, bits: Tensor) -> Tensor: ...
+
+    def concat(self, tensors: List[Tensor]) -> Tensor: ...
+
+    def columns(self, matrix: Tensor, start: Any, stop: Any) -> Tensor: ...
+
+    def scatter_mean(self, like: Tensor, indices: Tensor, values: Tensor) -> Tensor:
+        """The ranks' sparse ``values`` at ``indices`` (one row per rank), summed densely and averaged."""
+
+    def squared_norms(self, tensors: List[Tensor]) -> Tensor:
+        """Each tensor's squared norm, as one fp64 vector."""
+
+    def finite_flags(self, tensors: List[Tensor]) -> Tensor: ...
+
+    def false_as_ones(self, flags: Tensor) -> Tensor: ...
+
+    def to_floats(self, tensor: Tensor) -> List[Any]:
+        """The tensor's values as Python floats (a host read)."""
+
+    def from_floats(self, values: List[float]) -> Tensor:
+        """An fp64 tensor of ``values``, on the backend's device."""
+
+    # What the collectives send.
+    def wire_dtype(self, tensor: Tensor) -> str:
+        """The dtype ``tensor`` travels in, by name."""
+
+    def flat_concat(self, tensors: List[Tensor], wire_dtype: str) -> Tensor:
+        """The tensors as one flat buffer of ``wire_dtype``, which a collective may overwrite."""
+
+    def split_like(self, flat: Tensor, tensors: List[Tensor]) -> List[Tensor]:
+        """``flat`` (``flat_concat``'s result, reduced) split back into ``tensors``' shapes and dtypes."""
+
+
+class CheckpointTensorOps(TensorOps, Protocol):
+    """A backend whose exchange saves and loads its own checkpoints (torch; TensorFlow's state is
+    variables that ``tf.train.Checkpoint`` tracks)."""
+
+    def copy(self, state: Tensor) -> Tensor: ...
+
+    def export_state(self, groups: Dict[str, Dict[int, Any]]) -> Dict[str, Dict[int, Any]]:
+        """The state groups' values, detached from the live states."""
+
+    def import_state(self, groups: Dict[str, Dict[int, Any]], saved: Dict[str, Dict[int, Any]]) -> None: ...
+
+
+class CollectiveOps(Protocol):
+    """The collectives over one backend's tensors (``horovod_accordion.collectives.Collectives``
+    gives the fused ones and the byte count from the two single-tensor ones)."""
+
+    tensors: Any  # its TensorOps
+
+    def size(self) -> Any: ...
+
+    def rank(self) -> Any: ...
+
+    def start_allreduce_mean(self, flat: Tensor, name: str, compression: Any = None) -> Pending:
+        """Start averaging the flat ``flat`` over ranks, which it may overwrite; counts the bytes sent."""
+
+    def start_allgather(self, flat: Tensor, name: str) -> Pending:
+        """Start gathering every rank's 1-D ``flat``: the result has shape (size, len)."""
+
+    def start_allreduce_means(self, tensors: List[Tensor], name: str, compression: Any = None) -> Pending: ...
+
+    def allreduce_means(self, tensors: List[Tensor], name: str, compression: Any = None) -> List[Tensor]: ...
+
+    def take_bytes_sent(self) -> int:
+        """The bytes sent since the last call."""
+
+    def add_bytes_sent(self, count: int) -> None: ...
