@@ -23,6 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TORCH_VARIANTS = ["compute only", "stock horovod", "ours none", "ours fp16", "ours powersgd r1", "ours powersgd r2",
                   "ours accordion powersgd 2/1", "ddp allreduce", "ddp powersgd r1", "ddp powersgd r2",
                   "ddp accordion hook r1", "ddp accordion hook r2"]
+# ``overhead.py torch-precision``: AMP (fp16 autocast and a GradScaler), bf16 autocast, torch.compile.
+PRECISION_VARIANTS = ["ours powersgd r1 amp", "ours accordion powersgd 2/1 amp", "ours powersgd r1 bf16",
+                      "ours accordion powersgd 2/1 bf16", "ddp powersgd r1 bf16", "stock horovod compiled",
+                      "ours none compiled"]
 TF_VARIANTS = ["compute only", "stock horovod tape", "ours none", "ours powersgd r1"]
 
 # (what, numerator, denominator, target): each ratio of median step times the issue asks for.
@@ -34,6 +38,9 @@ TARGETS = [
     ("torch: our DDP hook r2 / torch powerSGD_hook r2", "ddp accordion hook r2", "ddp powersgd r2", 1.0),
     ("torch: accordion 2/1 checking every step / static r1", "ours accordion powersgd 2/1", "ours powersgd r1", 1.03),
     ("tf tape: ours none / stock horovod tape", "tf ours none", "tf stock horovod tape", 1.02),
+    ("torch AMP: accordion 2/1 checking every step / static r1", "ours accordion powersgd 2/1 amp",
+     "ours powersgd r1 amp", 1.03),
+    ("torch compiled: ours none / stock horovod", "ours none compiled", "stock horovod compiled", 1.02),
 ]
 
 
@@ -59,7 +66,7 @@ def time_rounds(steppers, warmup, steps, rounds, barrier):
             for name in steppers}
 
 
-def run_torch(args):
+def run_torch(args, names=TORCH_VARIANTS):
     import torch
     import torch.distributed as dist
     import horovod.torch as horovod
@@ -71,7 +78,7 @@ def run_torch(args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29541")
     dist.init_process_group("gloo", rank=0, world_size=1)
-    variants = {name: Variant(name, *VARIANTS[name]) for name in TORCH_VARIANTS}
+    variants = {name: Variant(name, *VARIANTS[name]) for name in names}
     generator = torch.Generator().manual_seed(0)
     batches = [(torch.randn(BATCH, 3, 32, 32, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator))
                for _ in range(4)]
@@ -110,14 +117,17 @@ def run_tf(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("framework", choices=["torch", "tf"])
+    parser.add_argument("framework", choices=["torch", "torch-precision", "tf"])
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of every round")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
     parser.add_argument("--command", help="the command to record (overhead.sh passes its own)")
     args = parser.parse_args()
-    results, stack = (run_torch if args.framework == "torch" else run_tf)(args)
+    if args.framework == "torch-precision":
+        results, stack = run_torch(args, PRECISION_VARIANTS)
+    else:
+        results, stack = (run_torch if args.framework == "torch" else run_tf)(args)
     if not args.out:
         return
     record = {}
@@ -134,7 +144,7 @@ def main():
                 "and fp16, so those two ratios measure the bookkeeping around the step only; PowerSGD and the DDP "
                 "hooks run their collectives over one rank",
     })
-    record.setdefault("machine", {})[args.framework] = \
+    record.setdefault("machine", {})[args.framework.split("-")[0]] = \
         f"{platform.machine()}, {os.cpu_count()} cores, {stack}, 1 thread, one process (horovodrun -np 1, Gloo)"
     record.setdefault("variants", {}).update(results)
     variants = record["variants"]

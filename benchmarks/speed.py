@@ -96,11 +96,22 @@ VARIANTS = {
     "ddp accordion hook r1": ("ddp", ddp_accordion(PowerSGD(1))),
     "ddp accordion hook r2": ("ddp", ddp_accordion(PowerSGD(2))),
     "ddp accordion hook 2/1": ("ddp", ddp_accordion(PowerSGD(2, 1), **CHECKING)),
+    # Mixed precision and torch.compile, timed by overhead.py only (the third field is the mode).
+    "ours powersgd r1 amp": ("ours", ours(hvd.Compression.powersgd(1)), "amp"),
+    "ours accordion powersgd 2/1 amp": ("ours", ours(hvd.Compression.powersgd(2, 1), **CHECKING), "amp"),
+    "ours powersgd r1 bf16": ("ours", ours(hvd.Compression.powersgd(1)), "bf16"),
+    "ours accordion powersgd 2/1 bf16": ("ours", ours(hvd.Compression.powersgd(2, 1), **CHECKING), "bf16"),
+    "ddp powersgd r1 bf16": ("ddp", ddp(powerSGD_hook.powerSGD_hook, powersgd_state(1), bucket_cap_mb=100), "bf16"),
+    "stock horovod compiled": ("horovod", None, "compiled"),
+    "ours none compiled": ("ours", ours(hvd.Compression.none), "compiled"),
 }
 
 
 def group_of(name):
-    """The job a variant runs in (see speed.sh): DDP's PowerSGD hooks, torch's and ours, together."""
+    """The job a variant runs in (see speed.sh): DDP's PowerSGD hooks, torch's and ours, together.
+    The mixed-precision and compiled variants are overhead.py's alone."""
+    if len(VARIANTS[name]) > 2:
+        return "overhead"
     if name.startswith(("ddp powersgd", "ddp accordion")):
         return "ddp-powersgd"
     return "ddp" if name.startswith("ddp") else "ours"
@@ -119,12 +130,18 @@ def shape_bytes(model, kind, rank=None):
 
 
 class Variant:
-    def __init__(self, name, kind, build):
-        self.name, self.kind = name, kind
+    """``mode``: ``None`` (fp32), ``"amp"`` (fp16 autocast and a GradScaler, with the recipe each
+    entry point documents), ``"bf16"`` (bf16 autocast) or ``"compiled"`` (``torch.compile`` of the
+    model, or of the DDP model)."""
+
+    def __init__(self, name, kind, build, mode=None):
+        self.name, self.kind, self.mode = name, kind, mode
+        self.scaler = torch.amp.GradScaler("cpu", enabled=mode == "amp")
         self.model = resnet18_cifar()
         self.state = None  # Accordion's, for our DDP hook
         if kind == "ours":
             self.optimizer = build(self.model)
+            self.optimizer.grad_scaler = self.scaler if mode == "amp" else None
             self.forward = self.model
         elif kind == "ddp":
             self.forward, self.optimizer, self.state = build(self.model)
@@ -134,6 +151,8 @@ class Variant:
             if kind == "horovod":
                 self.optimizer = horovod.DistributedOptimizer(self.optimizer,
                                                               named_parameters=self.model.named_parameters())
+        if mode == "compiled":
+            self.forward = torch.compile(self.forward)
         self.times, self.forward_times = [], []
 
     def step(self, x, y):
@@ -142,10 +161,24 @@ class Variant:
         it tracks how fast this shared machine runs at that moment."""
         started = time.perf_counter()
         self.optimizer.zero_grad()
-        loss = F.cross_entropy(self.forward(x), y)
+        with torch.autocast("cpu", dtype=torch.float16 if self.mode == "amp" else torch.bfloat16,
+                            enabled=self.mode in ("amp", "bf16")):
+            loss = F.cross_entropy(self.forward(x), y)
         forward_s = time.perf_counter() - started
-        loss.backward()
-        self.optimizer.step()
+        if self.mode != "amp":
+            loss.backward()
+            self.optimizer.step()
+        elif self.kind == "ours":  # the Horovod optimizer's AMP recipe (docs/concepts.md)
+            self.scaler.scale(loss).backward()
+            self.optimizer.synchronize()
+            self.scaler.unscale_(self.optimizer)
+            with self.optimizer.skip_synchronize():
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         return time.perf_counter() - started, forward_s
 
     def accordion_stats(self):

@@ -3,7 +3,7 @@
 
 It imports no Horovod, so the DDP hook runs where Horovod was never built. Compressed
 layers are computed and sent in fp32; bf16 tensors travel as fp32, which every backend
-accepts (Horovod 0.28.1 rejects bf16 allreduce).
+accepts (Horovod 0.28.1 rejects bf16 allreduce), or as bf16 where asked (``bf16_wire``).
 """
 
 import torch
@@ -12,6 +12,7 @@ from horovod_accordion.compression import kept_count, matrix_shape
 
 __all__ = ["Level", "TorchTensorOps", "map_leaves", "summary_writer"]
 
+# Horovod 0.28.1 rejects a bf16 allreduce; torch.distributed takes one if asked (``bf16_wire``).
 _WIRE_DTYPES = {torch.bfloat16: torch.float32}
 _SUM_DTYPES = {torch.float64: torch.float64}
 
@@ -54,9 +55,11 @@ class TorchTensorOps:
     ``device``. The collectives over it are Horovod's (``torch/ops.py``) or torch.distributed's
     (``ddp/ops.py``)."""
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device="cpu", bf16_wire=False):
         self.device = device  # where the parameters, hence the compression state, live
         self._buffers = {}  # each bucket phase's flat buffer (``pack_products``), by name
+        # bf16 tensors travel as fp32 unless ``bf16_wire``: PowerSGD's P and Q are fp32 either way.
+        self._wire_dtypes = {} if bf16_wire else _WIRE_DTYPES
 
     # State that survives a step.
     def state(self, array, name):
@@ -277,7 +280,7 @@ class TorchTensorOps:
 
     # Fused collectives: what the backends' allreduces and allgathers send.
     def wire_dtype(self, tensor):
-        return str(_WIRE_DTYPES.get(tensor.dtype, tensor.dtype)).replace("torch.", "")
+        return str(self._wire_dtypes.get(tensor.dtype, tensor.dtype)).replace("torch.", "")
 
     def pack_products(self, name, products, tensors):
         """``[a @ b for a, b in products] + tensors``, the products computed into one flat buffer
@@ -290,7 +293,7 @@ class TorchTensorOps:
         dtype = products[0][0].dtype
 
         def packed(t):
-            return _WIRE_DTYPES.get(t.dtype, t.dtype) == dtype
+            return self._wire_dtypes.get(t.dtype, t.dtype) == dtype
 
         sizes = [a.shape[0] * b.shape[1] for a, b in products] + [t.numel() for t in tensors if packed(t)]
         buffer = self._buffers.get(name)

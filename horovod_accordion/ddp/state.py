@@ -75,6 +75,12 @@ class AccordionState:
             that is not passed is an error at the first step (``state.grad_scaler = scaler``
             also sets it).
 
+        bf16_wire: bf16 gradients that travel uncompressed (``none``, and the 1-D tensors of
+            PowerSGD and TopK) go on the wire as bf16, half the bytes, where by default they go as
+            fp32: a sum over ranks then keeps fp32's bits, and the bytes are those of the Horovod
+            optimizer, whose Horovod 0.28.1 rejects a bf16 allreduce. PowerSGD's P and Q are fp32
+            either way.
+
     The other keyword arguments, ``eta``, ``interval``, ``window_steps``, ``per_layer``,
     ``lr_decay_factor``, ``delta_windows``, ``check_norm``, ``verify_levels``, ``log_path``,
     ``tensorboard_dir`` and ``policy``, are as in ``horovod_accordion.torch.DistributedOptimizer``. Windows
@@ -101,7 +107,7 @@ class AccordionState:
     def __init__(self, process_group=None, compression=PowerSGD(2, 1), *, model=None, optimizer=None, eta=0.5,
                  interval=10, window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1,
                  check_norm="local", verify_levels=None, log_path=None, tensorboard_dir=None, start_iter=0,
-                 policy="accordion", grad_scaler=None):
+                 policy="accordion", grad_scaler=None, bf16_wire=False):
         if isinstance(process_group, torch.nn.Module):
             raise TypeError("AccordionState's first argument is the process group, as PowerSGDState's, and the "
                             "model is optional: write AccordionState(compression=..., optimizer=...), or "
@@ -121,6 +127,7 @@ class AccordionState:
                                       check_norm=check_norm, verify_levels=verify_levels,
                                       policy=policy_for(policy, self._levels()))
         self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
+        self.bf16_wire = bf16_wire
         self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
         self._unbound()
         self._optimizer = optimizer
@@ -165,7 +172,7 @@ class AccordionState:
             check_on_one_device(names, [p.device for p in params], self._levels())
             self._layer_of = {p: layer for layer, p in enumerate(params)}
             self._names = names
-            tensors = TorchTensorOps(params[0].device if params else "cpu")
+            tensors = TorchTensorOps(params[0].device if params else "cpu", self.bf16_wire)
             self._collectives = DistributedCollectives(tensors, self.process_group)
             check_same_exchange_on_all_ranks(self._collectives, names, [p.shape for p in params],
                                              [p.dtype for p in params], self.compression,
@@ -276,12 +283,12 @@ class AccordionState:
     def __getstate__(self):
         """Everything but the process group, the model, the optimizer and the GradScaler, as ``PowerSGDState``."""
         kept = ("compression", "start_iter", "iter", "_schedule_options", "log_path", "tensorboard_dir",
-                "_lr_before_binding", "_loss_scale")
+                "_lr_before_binding", "_loss_scale", "bf16_wire")
         return dict({k: self.__dict__[k] for k in kept}, _saved=self.state_dict())
 
     def __setstate__(self, state):
         # A state pickled before it had these.
-        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale()}, **state))
+        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale(), "bf16_wire": False}, **state))
         self.process_group = None
         self._unbound()
         self._hook_ran = [True]  # an unpickled state may be read only: no warning for it

@@ -129,3 +129,32 @@ def check_a_compiled_model_gives_the_levels_bytes_and_weights_of_the_uncompiled_
         assert levels_and_bytes(stats) == levels_and_bytes(eager_stats), (name, eager_stats, stats)
         worst = max(float((a - b).abs().max()) for a, b in zip(weights, eager_weights))
         assert worst <= 1e-6, (name, worst)
+
+
+def check_bf16_gradients_travel_as_fp32_by_default_and_as_bf16_when_asked():
+    """Pure bf16, ``none``: by default the wire is fp32 (4 bytes an entry); with ``bf16_wire=True``
+    it is bf16 (2 bytes), and the parameters equal DDP's own bf16 allreduce bitwise (a sum of 2
+    bf16 values, then a halving, which is exact). PowerSGD's P and Q stay fp32 either way."""
+    numel = sum(p.numel() for p in make_model().parameters())
+    reference = DistributedDataParallel(make_model().to(torch.bfloat16))
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    runs = {}
+    for bf16_wire in (False, True):
+        model, optimizer, state = hooked(Compression.none, model=make_model().to(torch.bfloat16), bf16_wire=bf16_wire)
+        runs[bf16_wire] = (model, optimizer, state)
+    for step in range(4):
+        x, y = batch_of_rank(dist.get_rank(), step)
+        for model, optimizer in [(reference, reference_optimizer)] + [(m, o) for m, o, _ in runs.values()]:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)), y).backward()
+            optimizer.step()
+    assert runs[False][2].bytes_sent_last_step == 4 * numel and runs[True][2].bytes_sent_last_step == 2 * numel
+    for p, q in zip(runs[True][0].parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+    model, optimizer, state = hooked(PowerSGD(1, 1, min_compression_rate=0), model=make_model().to(torch.bfloat16),
+                                     bf16_wire=True)
+    x, y = batch_of_rank(dist.get_rank(), 0)
+    torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)), y).backward()
+    shapes = [p.shape for p in model.parameters()]
+    expected = sum(4 * (s[0] + s[1]) if len(s) == 2 else 2 * s[0] for s in shapes)
+    assert state.bytes_sent_last_step == expected, (state.bytes_sent_last_step, expected)
