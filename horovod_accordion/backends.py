@@ -13,7 +13,7 @@ the backend can); a *tensor* is the framework's own.
 
 from typing import Any, Callable, Dict, List, Protocol, Sequence, Tuple
 
-__all__ = ["CheckpointTensorOps", "CollectiveOps", "Pending", "TensorOps"]
+__all__ = ["CollectiveOps", "EagerTensorOps", "Pending", "TensorOps"]
 
 Tensor = Any  # the framework's tensor: torch.Tensor, tf.Tensor or tf.Variable
 
@@ -66,11 +66,6 @@ class TensorOps(Protocol):
     def matmul(self, a: Tensor, b: Tensor) -> Tensor: ...
 
     def transpose(self, a: Tensor) -> Tensor: ...
-
-    def unscaled(self, grads: List[Tensor], scale: Tensor) -> List[Tensor]:
-        """``grads`` × 1/``scale`` (a loss scale): exact for a power of two."""
-
-    def scaled(self, value: Tensor, scale: Tensor) -> Tensor: ...
 
     def orthogonalize(self, p: Tensor) -> Tensor:
         """P's columns orthonormalised; a zero P gives unit columns, a non-finite P stays non-finite."""
@@ -163,9 +158,15 @@ class TensorOps(Protocol):
         """``flat`` (``flat_concat``'s result, reduced) split back into ``tensors``' shapes and dtypes."""
 
 
-class CheckpointTensorOps(TensorOps, Protocol):
-    """A backend whose exchange saves and loads its own checkpoints (torch; TensorFlow's state is
-    variables that ``tf.train.Checkpoint`` tracks)."""
+class EagerTensorOps(TensorOps, Protocol):
+    """What the exchange asks of an eager backend (torch) besides: its own checkpoints
+    (TensorFlow's state is variables that ``tf.train.Checkpoint`` tracks), and the loss scale of
+    AMP (a ``torch.amp.GradScaler``'s)."""
+
+    def unscaled(self, grads: List[Tensor], scale: Tensor) -> List[Tensor]:
+        """``grads`` × 1/``scale`` (a loss scale): exact for a power of two."""
+
+    def scaled(self, value: Tensor, scale: Tensor) -> Tensor: ...
 
     def copy(self, state: Tensor) -> Tensor: ...
 
@@ -184,6 +185,9 @@ class CollectiveOps(Protocol):
     def size(self) -> Any: ...
 
     def rank(self) -> Any: ...
+
+    def included(self) -> bool:
+        """Whether this process takes part (a Horovod process set may leave it out)."""
 
     def start_allreduce_mean(self, flat: Tensor, name: str, compression: Any = None) -> Pending:
         """Start averaging the flat ``flat`` over ranks, which it may overwrite; counts the bytes sent."""

@@ -42,6 +42,10 @@ class Collectives:
     def allreduce_means(self, tensors, name, compression=None):
         return self.start_allreduce_means(tensors, name, compression).wait()
 
+    def included(self):
+        """Whether this process takes part in the collectives: a Horovod process set may leave it out."""
+        return True
+
     def take_bytes_sent(self):
         """The bytes sent since the last call."""
         sent, self.bytes_sent = self.bytes_sent, 0

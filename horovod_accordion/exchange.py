@@ -18,7 +18,7 @@ by S, so that the levels and the error feedback are in true units and the scaler
 
 import warnings
 
-from horovod_accordion.backends import CheckpointTensorOps, CollectiveOps
+from horovod_accordion.backends import CollectiveOps, EagerTensorOps
 from horovod_accordion.reducers import BucketReduction, split_state
 
 __all__ = ["BucketedExchange"]
@@ -40,9 +40,9 @@ class BucketedExchange:
         self.accordion, self.reducer = accordion, reducer
         self.loss_scale = loss_scale if accordion.keeps_delta or reducer.per_rank else None
         self.scale = None  # the loss scale of the step in progress
-        # Checkpoints (``state_dict``) need the torch backend's part of the contract; TensorFlow's
-        # checkpoints are its variables.
-        self.tensors: CheckpointTensorOps = reducer.tensors
+        # Checkpoints (``state_dict``) and a loss scale need the eager (torch) part of the contract;
+        # TensorFlow's checkpoints are its variables, and it has no loss scale here.
+        self.tensors: EagerTensorOps = reducer.tensors
         self.collectives: CollectiveOps = reducer.collectives
         tensors = self.tensors
         accordion.attach(reducer)
@@ -67,7 +67,8 @@ class BucketedExchange:
         ``ReduceLROnPlateau`` on its own validation loss). A collective: one 8-byte allgather per
         step, which is not counted as the step's traffic."""
         collectives, tensors = self.collectives, self.tensors
-        if lr is None or not self.accordion.decays_switch_levels or collectives.size() == 1:
+        if lr is None or not self.accordion.decays_switch_levels or collectives.size() == 1 \
+                or not collectives.included():
             return lr
         counted = collectives.take_bytes_sent()
         rows = tensors.to_floats(collectives.start_allgather(tensors.from_floats([float(lr)]), "lr").wait())
@@ -134,8 +135,11 @@ class BucketedExchange:
             self.end_window()
 
     def end_epoch(self):
-        """Close an epoch-long window: the user's ``end_epoch()``, on every backend."""
+        """Close an epoch-long window: the user's ``end_epoch()``, on every backend. A process
+        outside the process set exchanges nothing, and closes no window."""
         self.check_epoch_windows()
+        if not self.collectives.included():
+            return
         if self.started:
             # A check would switch levels under buckets whose later phases are still to run.
             raise RuntimeError("end_epoch() was called between backward and the optimizer step, while this "

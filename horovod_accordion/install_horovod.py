@@ -26,6 +26,7 @@ import os
 import pathlib
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -78,9 +79,10 @@ def describe_build(gpu_operations):
         "mpi": first_line(["mpirun", "--version"]) if mpi else None,
         "gpu_operations": gpu_operations or None,
         "cuda": first_line(["nvcc", "--version"], last=True) if gpu_operations else None,
-        "compiler": first_line([os.environ.get("CXX", "c++"), "--version"]),
-        # Where the build finds CUDA, NCCL and their parts: they reach it, so they key it.
-        "locations": {key: os.environ[key] for key in sorted(LOCATION_VARIABLES) if key in os.environ},
+        "compiler": first_line([*shlex.split(os.environ.get("CXX", "c++")), "--version"]),
+        # Where a GPU build finds CUDA, NCCL and their parts: they reach it, so they key it.
+        "locations": {key: os.environ[key] for key in sorted(LOCATION_VARIABLES)
+                      if key in os.environ and gpu_operations},
         "frameworks": frameworks,
     }
 

@@ -3,6 +3,7 @@ as a dict, as JSONL and, optionally, as TensorBoard scalars."""
 
 import collections
 import json
+import os
 
 __all__ = ["CommunicationLog"]
 
@@ -80,7 +81,7 @@ class CommunicationLog:
     def _write(self, record):
         if self.path is None:
             return
-        if self._stream is None or self._stream.name != self.path:
+        if self._stream is None or self._stream.name != os.fspath(self.path):
             self.close()
             self._stream = open(self.path, "a")
         self._stream.write(json.dumps(record) + "\n")

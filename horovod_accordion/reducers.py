@@ -172,8 +172,7 @@ class PowerSGDReducer(_Reducer):
         Q = Mᵀ P;    allreduce(Q)         one fused allreduce per bucket
         out = P Qᵀ;  memory = M − out
 
-    Two collectives per bucket and step, whatever the number of layers (the authors' release made
-    two blocking calls per layer).
+    Two collectives per bucket and step, whatever the number of layers.
 
     A layer whose M or result is not finite this step (an fp16 overflow under AMP, on any
     rank) keeps its memory and Q as they were: the step's output is still non-finite, so a

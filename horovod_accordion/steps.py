@@ -73,8 +73,11 @@ class StepDriver:
         return self._counted
 
     def new_micro_batch(self):
-        """A new micro-batch begins: the next count is its own."""
+        """A new micro-batch begins: the next count is its own, and with a batch switch the next
+        rate is agreed anew, so that a decay ends a large batch at once."""
         self._counted = None
+        if self.switches_batch:
+            self._agreed_lr = None
 
     @property
     def divisor(self):

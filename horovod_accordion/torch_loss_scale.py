@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-__all__ = ["LossScale"]
+__all__ = ["LossScale", "grad_scaler_property"]
 
 
 class LossScale:
@@ -64,3 +64,15 @@ def _warn_of_an_unseen_scaler(argument):
             f"a torch.amp.GradScaler is scaling a loss in this process, and Accordion was not given it: if it scales "
             f"these gradients, they reach the detector and the error feedback multiplied by the loss scale, and the "
             f"levels follow the scale. Pass {argument}", RuntimeWarning)
+
+
+def grad_scaler_property():
+    """The ``grad_scaler`` property of the torch optimizer and the DDP state, over their ``_loss_scale``."""
+    def get(owner):
+        return owner._loss_scale.grad_scaler
+
+    def set_(owner, scaler):
+        owner._loss_scale.grad_scaler = scaler
+
+    return property(get, set_, doc="The ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``; "
+                                   "settable.")

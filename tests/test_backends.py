@@ -45,5 +45,5 @@ def test_the_core_calling_outside_the_contract_fails_the_check(tmp_path):
         "[mypy-horovod_accordion.reducers,horovod_accordion.exchange,",
         "[mypy-exchange_copy,horovod_accordion.reducers,"))
     result = mypy("--config-file", str(config), str(core))
-    assert result.returncode == 1 and '"CheckpointTensorOps" has no attribute "squared_sums"' in result.stdout, \
+    assert result.returncode == 1 and '"EagerTensorOps" has no attribute "squared_sums"' in result.stdout, \
         result.stdout + result.stderr

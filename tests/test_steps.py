@@ -10,7 +10,8 @@ from horovod_accordion.batch import BatchSwitch, schedule_arguments
 from horovod_accordion.reducers import make_reducer
 from horovod_accordion.steps import StepDriver
 
-from tests.test_policies import LONE_SHAPES, lone_backends, lone_exchange
+from horovod_accordion.torch_tensors import TorchTensorOps
+from tests.test_policies import LONE_SHAPES, LoneRank, lone_backends, lone_exchange
 
 
 def driver_at_the_large_batch(multiplier=3, warmup_steps=2):
@@ -88,3 +89,28 @@ def test_steps_without_a_batch_switch_count_their_backward_passes():
     plain.end_steps(3)
     assert driver.exchange.accordion.micro_batches_accumulated == 6 and driver.exchange.accordion.step == 3
     assert plain.divisor is None and plain.lr_factor == 1.0 and plain.pending_micro_batches == 0
+
+
+class OutsideTheSet(LoneRank):
+    """A process that a Horovod process set of two leaves out: it must make no collective."""
+
+    def size(self):
+        return 2
+
+    def included(self):
+        return False
+
+    def start_allgather(self, flat, name):
+        raise AssertionError(f"a process outside the set started the collective {name!r}")
+
+
+def test_a_process_outside_the_set_agrees_no_rate_and_closes_no_window():
+    tensors = TorchTensorOps()
+    reducer, levels = make_reducer(PowerSGD(2, 1, min_compression_rate=0), LONE_SHAPES, tensors,
+                                   OutsideTheSet(tensors), None)
+    schedule = Accordion(["w", "b", "v"], levels, interval=1, compressed_layers=reducer.compressed)
+    driver = StepDriver(lone_exchange(schedule, reducer))
+    driver.observe_lr(0.1)
+    driver.observe_lr(0.01)
+    driver.exchange.end_epoch()
+    assert schedule.detector.windows_seen == 0

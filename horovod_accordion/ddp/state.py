@@ -36,7 +36,7 @@ from horovod_accordion.policies import policy_for
 from horovod_accordion.reducers import DenseReducer, make_reducer
 from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch_compression import PlainCompressor
-from horovod_accordion.torch_loss_scale import LossScale
+from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
 from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
 
 __all__ = ["AccordionState", "accordion_hook"]
@@ -72,8 +72,8 @@ class AccordionState:
             gradients carry: Δ and the error feedback then work in true units, and the averages
             are handed back scaled, for ``scaler.unscale_``. Lightning's ``AccordionCallback``
             and Accelerate's ``register_accordion`` take the trainer's own. A GradScaler in use
-            that is not passed is an error at the first step (``state.grad_scaler = scaler``
-            also sets it).
+            that is not passed is named in a warning at the first step (``state.grad_scaler =
+            scaler`` also sets it).
 
         bf16_wire: bf16 gradients that travel uncompressed (``none``, and the 1-D tensors of
             PowerSGD and TopK) go on the wire as bf16, half the bytes, where by default they go as
@@ -219,14 +219,7 @@ class AccordionState:
         """Whether the state has its parameters (a ``model`` given, ``bind`` or a first step)."""
         return self._exchange is not None
 
-    @property
-    def grad_scaler(self):
-        """The ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``; settable."""
-        return self._loss_scale.grad_scaler
-
-    @grad_scaler.setter
-    def grad_scaler(self, scaler):
-        self._loss_scale.grad_scaler = scaler
+    grad_scaler = grad_scaler_property()
 
     @property
     def window_steps(self):

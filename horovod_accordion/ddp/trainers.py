@@ -78,6 +78,10 @@ class EveryRankState:
         return gathered
 
     def load_state_dict(self, saved):
+        if saved is None:
+            raise ValueError("this checkpoint's Accordion entry is empty: it was written by a rank other than the "
+                             "first, which alone gathers every rank's state (Accelerate's save_on_each_node=True "
+                             "writes one per node): load the first node's checkpoint")
         rank = dist.get_rank(self.state.process_group)
         mine = saved[rank] if rank < len(saved) else saved[0]
         if mine is not None:  # None: saved before the first step

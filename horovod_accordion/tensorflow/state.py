@@ -148,20 +148,23 @@ class AccordionState(tf.Module):
         return [v.numpy() for v in self.variables]
 
     def snapshot_names(self):
-        """The names of ``snapshot()``'s values, in its order, to save beside them."""
-        return [v.name for v in self.variables]
+        """The names of ``snapshot()``'s values, in its order, to save beside them: each variable's
+        path in this state (``reducer_variables/memory_0``), which, unlike a variable's name, no
+        name scope in force at its creation changes."""
+        return ["/".join(map(str, path)) for path, _ in self._flatten(
+            predicate=lambda v: isinstance(v, tf.Variable), with_path=True, expand_composites=True)]
 
     def load_snapshot(self, values, names=None):
         """Assign a ``snapshot()``; ``names``, where saved beside it, are checked too. A snapshot
         of another model or configuration (count, names or shapes) is a ``ValueError``, raised
         before anything is assigned."""
-        variables = self.variables
+        variables, own_names = self.variables, self.snapshot_names()
         problem = None
         if len(values) != len(variables):
             problem = f"it holds {len(values)} values, this state has {len(variables)} variables"
-        elif names is not None and list(names) != [v.name for v in variables]:
-            problem = next(f"value {k} is {saved!r}, this state's variable {k} is {v.name!r}"
-                           for k, (saved, v) in enumerate(zip(names, variables)) if saved != v.name)
+        elif names is not None and list(names) != own_names:
+            problem = next(f"value {k} is {saved!r}, this state's variable {k} is {own!r}"
+                           for k, (saved, own) in enumerate(zip(names, own_names)) if saved != own)
         else:
             problem = next((f"value {k} ({v.name}) has shape {np.shape(value)}, the variable {tuple(v.shape)}"
                             for k, (value, v) in enumerate(zip(values, variables))
@@ -172,6 +175,8 @@ class AccordionState(tf.Module):
         for variable, value in zip(variables, values):
             variable.assign(value)
         self._collectives.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
+        with self._python_state():
+            self._steps.reset()  # nor is its agreed rate or its counted micro-batch
 
     def broadcast_shared_state(self, root_rank):
         """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,
@@ -187,8 +192,9 @@ class AccordionState(tf.Module):
                                       name="accordion.shared_state")
         for key, variable in shared.items():
             variable.assign(values[key])
-        if self.batch_switch is not None:
-            with self._python_state():  # the root's count: this rank divides by what it holds of it
+        with self._python_state():
+            self._steps.reset()  # no rate agreed, no micro-batch counted: as on the root after its restore
+            if self.batch_switch is not None:  # the root's count: this rank divides by what it holds of it
                 self._steps.micro_batches.hold(held)
 
     def _shared_variables(self):
@@ -225,12 +231,13 @@ class AccordionState(tf.Module):
         """Average ``grads`` over ranks at each layer's level. Graph-safe. ``grads`` may be a
         sum over ``micro_batches`` micro-batches, which is averaged first."""
         grads = [self._dense(g, shape) for g, shape in zip(grads, self._shapes)]
-        if not self._collectives.included():
-            return grads  # as Horovod: a process outside the set keeps its own gradients
-        self.steps.assign_add(1)
-        layers = range(len(grads))
         # The pending sums are fp32, as is the count the exchange divides them by.
         divisor = None if micro_batches is None else tf.cast(micro_batches, tf.float32)
+        if not self._collectives.included():
+            # As Horovod: a process outside the set keeps its own gradients, averaged over its micro-batches.
+            return grads if divisor is None else [g / divisor for g in grads]
+        self.steps.assign_add(1)
+        layers = range(len(grads))
         self._exchange.start(0, layers, grads, divisor=divisor)
         averaged = self._exchange.finish()
         averaged = [averaged[layer] for layer in layers]

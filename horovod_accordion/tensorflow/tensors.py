@@ -77,13 +77,6 @@ class TensorFlowTensorOps:
     def transpose(self, a):
         return tf.transpose(a)
 
-    def unscaled(self, grads, scale):
-        inverse = 1.0 / tf.cast(scale, tf.float64)
-        return [grad * tf.cast(inverse, grad.dtype) for grad in grads]
-
-    def scaled(self, value, scale):
-        return value * tf.cast(scale, value.dtype)
-
     def orthogonalize(self, p):
         return tf.linalg.qr(p)[0]
 

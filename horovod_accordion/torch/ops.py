@@ -15,7 +15,8 @@ __all__ = ["TorchCollectives"]
 # Horovod's synchronize() spins until its collective completes, holding the GIL. Where ranks
 # share the cores, as in CPU training, the spin takes the core from the background thread doing
 # the reduction and from the other ranks' compute. Polling with a short back-off leaves the core
-# free, at the cost of up to about the longest pause plus the kernel's timer slack per wait. On a GPU the node has cores to spare and the wait stays Horovod's own.
+# free, at the cost of up to about the longest pause plus the kernel's timer slack per wait. On a
+# GPU the node has cores to spare and the wait stays Horovod's own.
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 1e-5, 2e-4
 
 

@@ -37,7 +37,7 @@ from horovod_accordion.reducers import make_reducer
 from horovod_accordion.steps import StepDriver
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch_compression import PlainCompressor
-from horovod_accordion.torch_loss_scale import LossScale
+from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
 from horovod_accordion.torch.ops import TorchCollectives
 from horovod_accordion.torch_tensors import TorchTensorOps, map_leaves, summary_writer
 
@@ -112,14 +112,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                          [p.dtype for p in self._params], self._compression,
                                          self._accordion.policy)
 
-    @property
-    def grad_scaler(self):
-        """The ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``; settable."""
-        return self._loss_scale.grad_scaler
-
-    @grad_scaler.setter
-    def grad_scaler(self, scaler):
-        self._loss_scale.grad_scaler = scaler
+    grad_scaler = grad_scaler_property()
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -174,6 +167,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._reducer.fuses_itself and not self.sparse_as_dense and self._params[layers[0]].grad is not None \
                 and self._params[layers[0]].grad.is_sparse:
             # none and fp16 reduce a sparse gradient Horovod's way; its bucket is its one layer.
+            if self._steps.switches_batch:
+                raise ValueError(f"parameter {self._names[layers[0]]!r} has a sparse gradient, which batch_switch "
+                                 f"does not average over micro-batches: pass sparse_as_dense=True")
             self._sparse_pending[bucket] = self._collectives.start_sparse_allreduce(
                 self._params[layers[0]].grad, f"sparse.{self._names[layers[0]]}", self.op)
             return
@@ -331,7 +327,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 group["lr"] = lr
 
     def zero_grad(self, set_to_none=True):
-        if self._exchange.started:
+        if self._exchange.started or self._sparse_pending:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
@@ -424,14 +420,19 @@ def _initialize_state(optimizer):
     """Horovod's way to give a fresh optimizer its state (momentum buffers, Adam's moments) before
     a broadcast: zero gradients and one step of the wrapped optimizer. Without the exchange, so
     nothing is communicated and no Accordion step is counted; the zero gradients stay, as
-    Horovod leaves them."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-                if isinstance(optimizer, torch.optim.SparseAdam):
-                    p.grad = p.grad.to_sparse()
+    Horovod leaves them. Unlike Horovod's, the parameters are put back as they were: with weight
+    decay that step moves them, on the ranks whose state was empty only ("rank 0 loads the
+    checkpoint"), and the replicas would part."""
+    trained = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    kept = [p.detach().clone() for p in trained]
+    for p in trained:
+        p.grad = torch.zeros_like(p)
+        if isinstance(optimizer, torch.optim.SparseAdam):
+            p.grad = p.grad.to_sparse()
     super(optimizer.__class__, optimizer).step()
+    with torch.no_grad():
+        for p, value in zip(trained, kept):
+            p.copy_(value)
 
 
 class _TensorSlot:
@@ -562,8 +563,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         grad_scaler: the ``torch.amp.GradScaler`` of an AMP loop, whose loss scale the
             gradients carry: Accordion's Δ and error feedback then work in true units, and the
             averages are handed back scaled, for ``scaler.unscale_``. A GradScaler in use that
-            is not passed is an error at the first step (``optimizer.grad_scaler = scaler``
-            also sets it).
+            is not passed is named in a warning at the first step (``optimizer.grad_scaler =
+            scaler`` also sets it).
     """
     check_optimizer_arguments({hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}.get(op, op),
                               gradient_predivide_factor, backward_passes_per_step)
