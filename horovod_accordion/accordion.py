@@ -142,11 +142,6 @@ class Accordion:
         return self.window_steps is not None and self.step % self.window_steps == 0
 
     @property
-    def decays_switch_levels(self):
-        """Whether a learning-rate decay event can switch levels."""
-        return self.keeps_delta and self.detector.lr_decay_factor is not None
-
-    @property
     def keeps_delta(self):
         """Whether the exchange needs a Δ per layer at all: not for a fixed level, nor for a
         policy that reads no norms."""

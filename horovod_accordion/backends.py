@@ -201,5 +201,3 @@ class CollectiveOps(Protocol):
 
     def take_bytes_sent(self) -> int:
         """The bytes sent since the last call."""
-
-    def add_bytes_sent(self, count: int) -> None: ...

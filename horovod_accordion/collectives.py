@@ -51,10 +51,6 @@ class Collectives:
         sent, self.bytes_sent = self.bytes_sent, 0
         return sent
 
-    def add_bytes_sent(self, count):
-        """Count ``count`` more bytes (put back what ``take_bytes_sent`` took)."""
-        self.bytes_sent += count
-
 
 class Done:
     """A collective whose result is there as soon as it is started: a TF graph op (TF runs it

@@ -61,21 +61,6 @@ class BucketedExchange:
         if not self.started and self.accordion.observe_lr(lr):
             self.accordion.apply_levels(self.reducer)
 
-    def agree_lr(self, lr):
-        """The highest of the ranks' ``lr``, where a decay can switch levels: the rule must fire on
-        every rank or none, or the ranks' levels, hence their collectives, differ (a rank that steps
-        ``ReduceLROnPlateau`` on its own validation loss). A collective: one 8-byte allgather per
-        step, which is not counted as the step's traffic."""
-        collectives, tensors = self.collectives, self.tensors
-        if lr is None or not self.accordion.decays_switch_levels or collectives.size() == 1 \
-                or not collectives.included():
-            return lr
-        counted = collectives.take_bytes_sent()
-        rows = tensors.to_floats(collectives.start_allgather(tensors.from_floats([float(lr)]), "lr").wait())
-        collectives.take_bytes_sent()
-        collectives.add_bytes_sent(counted)
-        return max(row[0] for row in rows)
-
     def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
         by ``divisor`` (the micro-batches of a large batch), in Δ they are not. ``reducer``

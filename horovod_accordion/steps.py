@@ -27,7 +27,6 @@ class StepDriver:
         self._counted = None  # whether this micro-batch completes its step, once counted
         self.completed = None  # the step the last counted micro-batch completed: its record and divisor
         self.lr_factor = 1.0  # the factor on the learning rate of the step being applied
-        self._agreed_lr = None  # (the rate agreed over ranks,) for the step in progress
 
     @property
     def switches_batch(self):
@@ -51,12 +50,8 @@ class StepDriver:
 
     def observe_lr(self, lr):
         """The learning rate of the coming step; a decay event puts every layer at ℓ_low. The
-        exchange ignores it once the step's first bucket has started. The rate the detector sees
-        is agreed over ranks at the step's first call (a collective, see
-        ``BucketedExchange.agree_lr``) and kept for the step's later calls."""
-        if self._agreed_lr is None:
-            self._agreed_lr = (self.exchange.agree_lr(lr),)
-        self.exchange.observe_lr(self._agreed_lr[0])
+        exchange ignores it once the step's first bucket has started."""
+        self.exchange.observe_lr(lr)
 
     def count_micro_batch(self, lr):
         """Observe ``lr`` and count this micro-batch, once however often it is asked; whether it
@@ -73,11 +68,8 @@ class StepDriver:
         return self._counted
 
     def new_micro_batch(self):
-        """A new micro-batch begins: the next count is its own, and with a batch switch the next
-        rate is agreed anew, so that a decay ends a large batch at once."""
+        """A new micro-batch begins: the next count is its own."""
         self._counted = None
-        if self.switches_batch:
-            self._agreed_lr = None
 
     @property
     def divisor(self):
@@ -90,7 +82,6 @@ class StepDriver:
         calls), the last of them the one just completed, and log the bytes that the collectives
         counted with the last one, and its batch."""
         completed, self.completed = self.completed, None
-        self._agreed_lr = None
         bytes_sent = self.exchange.collectives.take_bytes_sent()
         for k in range(count):
             last = k == count - 1
@@ -100,7 +91,7 @@ class StepDriver:
 
     def reset(self):
         """After a restore: no micro-batch is counted, and no step is in progress."""
-        self._counted, self.completed, self._agreed_lr = None, None, None
+        self._counted, self.completed = None, None
 
     def state_dict(self):
         """A large batch in progress, and where the LR warm-up stands; ``None`` without a batch switch."""

@@ -64,6 +64,3 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         sent = int(self.bytes_sent.numpy())
         self.bytes_sent.assign(0)
         return sent
-
-    def add_bytes_sent(self, count):
-        self.bytes_sent.assign_add(count)

@@ -175,8 +175,6 @@ class AccordionState(tf.Module):
         for variable, value in zip(variables, values):
             variable.assign(value)
         self._collectives.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
-        with self._python_state():
-            self._steps.reset()  # nor is its agreed rate or its counted micro-batch
 
     def broadcast_shared_state(self, root_rank):
         """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,
@@ -192,9 +190,8 @@ class AccordionState(tf.Module):
                                       name="accordion.shared_state")
         for key, variable in shared.items():
             variable.assign(values[key])
-        with self._python_state():
-            self._steps.reset()  # no rate agreed, no micro-batch counted: as on the root after its restore
-            if self.batch_switch is not None:  # the root's count: this rank divides by what it holds of it
+        if self.batch_switch is not None:
+            with self._python_state():  # the root's count: this rank divides by what it holds of it
                 self._steps.micro_batches.hold(held)
 
     def _shared_variables(self):

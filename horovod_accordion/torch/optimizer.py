@@ -297,8 +297,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._steps.count_micro_batch(self.param_groups[0]["lr"])
 
     def step(self, closure=None):
-        if self._should_synchronize or self._steps.switches_batch:
-            self._observe_lr()  # after an explicit synchronize(), the step's rate was observed
+        self._observe_lr()
         if self._steps.switches_batch and not self._count_micro_batch():
             self._steps.new_micro_batch()
             self._hold_micro_batch()

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from horovod_accordion.ddp import AccordionState, Compression, ErrorBudget, PhaseSchedule, PowerSGD, TopK, accordion_hook
 from horovod_accordion.ddp.trainers import EveryRankState, attach
 from tests.workers.models import batch_of_rank, make_model
-from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
+from tests.workers.policy_reference import assert_policy_checks, reference_costs
 
 COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
 
@@ -528,20 +528,3 @@ def check_a_trainer_checkpoint_gathers_every_ranks_state_on_the_first_rank_only(
     mine = restored.state_dict()["per_rank"]["reducer"]["memory"]
     theirs = state.state_dict()["per_rank"]["reducer"]["memory"]
     assert all(torch.equal(mine[i], theirs[i]) for i in mine)
-
-
-def check_ranks_whose_learning_rates_differ_agree_on_the_decay():
-    """As the Horovod optimizer's check of the same name (``review_seam_checks``), through DDP's hook."""
-    model, optimizer, state = hooked(COMPRESSIONS["powersgd 2/1"], window_steps=100)
-    accordion = state._exchange.accordion
-    set_regime(accordion, [False] * len(state._names))
-    accordion.apply_levels(state._exchange.reducer)
-    decay_at = 3 if dist.get_rank() == 1 else 6
-    for step in range(9):
-        if step == decay_at:
-            optimizer.param_groups[0]["lr"] /= 4
-        optimizer.zero_grad()
-        loss_at(model, step).backward()
-        optimizer.step()
-    decays = [record["step"] for record in state.accordion_stats()["checks"] if record["event"] == "lr_decay"]
-    assert every_rank(decays) == [[6], [6]], every_rank(decays)  # the weights differ: each rank's own rate

@@ -135,29 +135,3 @@ def check_keras_batch_switch_with_several_steps_per_execution_is_refused_at_fit(
         assert "steps_per_execution=1" in str(error), error
     else:
         raise AssertionError("batch_switch ran with steps_per_execution=2")
-
-
-def check_ranks_whose_learning_rates_differ_agree_on_the_decay():
-    """Rank 1 quarters its learning rate at step 3, rank 0 at step 6 (``ReduceLROnPlateau`` on each
-    rank's own validation loss): each rank's own rate gave rank 1 a decay event, and ℓ_low, at step
-    3 alone, hence other P and Q shapes than rank 0's: a Horovod error or a hang. The detector sees
-    the highest rate over ranks, so both see the decay at step 6."""
-    import horovod.torch as horovod
-
-    model = make_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         named_parameters=model.named_parameters(),
-                                         compression=Compression.powersgd(2, 1, min_compression_rate=0),
-                                         window_steps=100, interval=1)
-    set_regime(optimizer._accordion, [False] * len(optimizer._params))  # ℓ_high (rank 1) everywhere
-    optimizer._accordion.apply_levels(optimizer._reducer)
-    decay_at = 3 if hvd.rank() == 1 else 6
-    for step in range(9):
-        if step == decay_at:
-            optimizer.param_groups[0]["lr"] /= 4
-        train_steps(model, optimizer, 1, first=step)
-    decays = [record["step"] for record in optimizer.accordion_stats()["checks"] if record["event"] == "lr_decay"]
-    assert decays == [6], decays
-    assert set(optimizer.levels.values()) == {2}
-    # The ranks' weights differ: each applies its own rate, as the user asked.
-    assert horovod.allgather_object(decays) == [[6], [6]]
