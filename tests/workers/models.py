@@ -61,3 +61,13 @@ def fixed_or_varying_scaler(varying):
     """A CPU GradScaler at 2⁸ that never grows by itself (the runs move it by hand)."""
     return torch.amp.GradScaler("cpu", init_scale=SCALE_PER_WINDOW[0] if varying else 2.0 ** 8,
                                 growth_interval=10 ** 9)
+
+
+def assert_runs_agree(name, runs):
+    """``runs``: (stats, averages, weights) of the fixed-scale run, then of the moving-scale run,
+    as ``train_under_loss_scale`` gives them: equal, bitwise (its docstring says why)."""
+    (fixed_stats, fixed_averages, fixed_weights), (stats, averages, weights) = runs
+    assert stats == fixed_stats, (name, fixed_stats["checks"], stats["checks"])
+    for step, (a, b) in enumerate(zip(averages, fixed_averages)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), (name, step)
+    assert all(torch.equal(x, y) for x, y in zip(weights[-1], fixed_weights[-1])), name

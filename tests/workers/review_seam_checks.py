@@ -6,21 +6,13 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 import torch
-import horovod.tensorflow as horovod_tf
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import BatchSwitch, Compression
 from tests.workers.models import make_model
 from tests.workers.policy_reference import set_regime
+from tests.workers.seam_checks import setup  # noqa: F401 - the runner calls it: Horovod for torch and TF
 from tests.workers.torch_checks import assert_same_on_all_ranks, rank_batch
-
-
-def setup():
-    hvd.init()
-    horovod_tf.init()
-    torch.set_num_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    return hvd.rank()
 
 
 def train_steps(model, optimizer, steps, first=0):

@@ -8,7 +8,8 @@ import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.torch import Compression
-from tests.workers.models import batch_of_rank, fixed_or_varying_scaler, make_model, train_under_loss_scale
+from tests.workers.models import (assert_runs_agree, batch_of_rank, fixed_or_varying_scaler, make_model,
+                                  train_under_loss_scale)
 
 ADAPTIVE = {"powersgd 2/1": Compression.powersgd(2, 1, min_compression_rate=0), "topk 0.5/0.1": Compression.topk(0.5, 0.1)}
 EVERY_KIND = dict({"none": Compression.none, "fp16": Compression.fp16,
@@ -55,11 +56,7 @@ def check_levels_bytes_and_error_feedback_do_not_follow_the_loss_scale():
             averaged, weights = train_under_loss_scale(model, optimizer, scaler, hvd.rank(),
                                                        horovod_amp_recipe(optimizer, scaler), varying)
             runs.append((optimizer.accordion_stats(), averaged, weights))
-        (fixed_stats, fixed_averages, fixed_weights), (stats, averages, weights) = runs
-        assert stats == fixed_stats, (name, fixed_stats["checks"], stats["checks"])
-        for step, (a, b) in enumerate(zip(averages, fixed_averages)):
-            assert all(torch.equal(x, y) for x, y in zip(a, b)), (name, step)
-        assert all(torch.equal(x, y) for x, y in zip(weights[-1], fixed_weights[-1])), name
+        assert_runs_agree(name, runs)
 
 
 def check_a_grad_scaler_not_given_is_named_at_the_first_step():
