@@ -17,20 +17,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from horovod_accordion.ddp import AccordionState, Compression, PowerSGD, TopK, accordion_hook
+from horovod_accordion.ddp import AccordionState, accordion_hook
+from horovod_accordion.examples.ddp_loop import COMPRESSIONS
 from example_data import digits_shards
 from progress import epochs_bar, show, write_checks
 from torch_epoch import train_epoch
-
-COMPRESSIONS = {
-    "accordion": PowerSGD(low_rank=2, high_rank=1),
-    "rank1": PowerSGD(1),
-    "rank2": PowerSGD(2),
-    "topk": TopK(0.1),
-    "accordion-topk": TopK(0.99, 0.1),
-    "none": Compression.none,  # the baselines: each bucket in one allreduce, as DDP's own, with its bytes logged
-    "fp16": Compression.fp16,
-}
 
 
 def parse_args():

@@ -11,7 +11,7 @@ the LR drops 10x at ``--decay-epoch``.
 import argparse
 import os
 
-# TensorFlow's C++ start-up lines (oneDNN, CUDA probing): about a dozen per rank otherwise.
+# Most of TensorFlow's C++ log lines (oneDNN, CUDA probing); not the few it writes before reading it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402

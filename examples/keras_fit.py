@@ -12,7 +12,7 @@ import argparse
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-# TensorFlow's C++ start-up lines (oneDNN, CUDA probing): about a dozen per rank otherwise.
+# Most of TensorFlow's C++ log lines (oneDNN, CUDA probing); not the few it writes before reading it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402

@@ -15,6 +15,11 @@
 so the hook goes on the DDP model that ``prepare`` returns.
 """
 
+import os
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
 from horovod_accordion.ddp.trainers import EveryRankState, attach
 
 __all__ = ["register_accordion"]
@@ -33,8 +38,13 @@ def register_accordion(accelerator, model, state, optimizer=None):
       memories are each rank's own) in the checkpoint folder, beside the model's.
 
     A model that ``prepare`` did not wrap in DDP (one process) is a ``TypeError``: launch 2
-    or more processes.
+    or more processes, and on a machine without GPUs build ``Accelerator(cpu=True)``.
     """
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if not isinstance(model, DistributedDataParallel) and launched > 1 and not torch.cuda.is_available():
+        raise TypeError(f"this process is one of {launched} launched, but Accelerator() on a machine without GPUs "
+                        f"trains each process alone, without DDP, so there is nothing to compress: build "
+                        f"Accelerator(cpu=True), which trains the {launched} processes together over Gloo")
     attach(model, state, named_by=accelerator.unwrap_model(model), optimizer=optimizer,
            grad_scaler=accelerator.scaler)
     accelerator.register_for_checkpointing(EveryRankState(state))

@@ -24,9 +24,9 @@ def accelerate_launch(*args, timeout=300):
     accelerate = str(pathlib.Path(sys.executable).parent / "accelerate")
     command = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-               "accelerate_accordion.py", *args]
+               "-m", "horovod_accordion.examples.accelerate", *args]
     env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}"})
-    result = subprocess.run(command, cwd=REPO / "examples", env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout
 
@@ -49,3 +49,22 @@ def test_example_with_every_compression(compression):
     output = accelerate_launch("--epochs", "1", "--compression", compression)
     assert f"{compression}: test accuracy" in output, output
     assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output
+
+
+@pytest.mark.multiworker
+def test_accelerator_without_cpu_true_on_a_cpu_names_the_fix(tmp_path):
+    """The natural ``Accelerator()`` on a machine without GPUs runs each launched process alone."""
+    script = tmp_path / "natural.py"
+    script.write_text("import torch\nfrom accelerate import Accelerator\n"
+                      "from horovod_accordion.accelerate import register_accordion\n"
+                      "from horovod_accordion.ddp import AccordionState\n"
+                      "accelerator = Accelerator()\n"
+                      "model = accelerator.prepare(torch.nn.Linear(4, 2))\n"
+                      "register_accordion(accelerator, model, AccordionState())\n")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), str(script)]
+    env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}", "CUDA_VISIBLE_DEVICES": ""})
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "TypeError: this process is one of 2 launched" in result.stderr, result.stderr[-3000:]
+    assert "Accelerator(cpu=True)" in result.stderr, result.stderr[-3000:]

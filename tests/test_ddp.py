@@ -31,3 +31,30 @@ def test_a_collective_that_gloo_frees_after_the_script_ends_does_not_abort_the_e
         env = worker_env({"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "no_horovod"), str(REPO)])})
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, (mode, result.stderr[-3000:])
+
+
+def run_state_script(body):
+    """``body`` after ``state = AccordionState(...)``, in a new process (the warning comes at exit)."""
+    script = ("from horovod_accordion.ddp import AccordionState, PowerSGD\n"
+              "state = AccordionState(compression=PowerSGD(2, 1))\n" + body)
+    env = worker_env({"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "no_horovod"), str(REPO)])})
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_never_ran_warning_names_every_entry_point_and_stays_out_of_a_crash():
+    clean = run_state_script("")
+    assert clean.returncode == 0 and "hook never ran" in clean.stderr, clean.stderr
+    for entry_point in ("register_comm_hook(state, accordion_hook)", "AccordionCallback(state)", "register_accordion",
+                        "prepare_accordion"):
+        assert entry_point in clean.stderr, (entry_point, clean.stderr)
+    crashed = run_state_script("raise ValueError('the real error')")
+    assert crashed.returncode == 1 and "ValueError: the real error" in crashed.stderr, crashed.stderr
+    assert "never ran" not in crashed.stderr, crashed.stderr
+    registered = run_state_script("state._hook_watch.registered = True  # as the trainer integrations do\n")
+    assert "registered on the DDP model, but no training step went through it" in registered.stderr, registered.stderr
+    assert "AccordionCallback" not in registered.stderr, registered.stderr
+
+
+def test_reading_an_unbound_state_says_its_hook_has_not_run():
+    said = run_state_script("try:\n    state.accordion_stats()\nexcept RuntimeError as error:\n    print(error)\n")
+    assert "its hook has not run: register it on the DDP model" in said.stdout, said.stdout + said.stderr

@@ -29,11 +29,12 @@ def test_lightning(launches, module, check):
 
 @pytest.mark.multiworker
 def test_example_trains_and_switches_levels_both_ways():
-    output = run_example("lightning_accordion.py", "--epochs", "6", "--decay-epoch", "4", launcher="torchrun")
+    output = run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "6", "--decay-epoch", "4",
+                         launcher="torchrun")
     losses = [float(x) for x in re.findall(r"\[rank 0\] epoch +\d+ +loss ([0-9.]+)", output)]
     assert len(losses) == 6 and losses[-1] < losses[0], output
-    assert "check in epoch 0: levels per layer: net.0.weight=2" in output, output
-    assert re.search(r"check in epoch 2: levels per layer: .*=1", output), output
+    assert "check after epoch 0: levels per layer: net.0.weight=2" in output, output
+    assert re.search(r"check after epoch 2: levels per layer: .*=1", output), output
     assert "LR decay to" in output, output
     assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank", output), output
 
@@ -41,6 +42,7 @@ def test_example_trains_and_switches_levels_both_ways():
 @pytest.mark.multiworker
 @pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "rank2", "topk", "accordion-topk"])
 def test_example_with_every_compression(compression):
-    output = run_example("lightning_accordion.py", "--epochs", "1", "--compression", compression, launcher="torchrun")
+    output = run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "1", "--compression", compression,
+                         launcher="torchrun")
     assert f"{compression}: test accuracy" in output, output
     assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output

@@ -1,6 +1,7 @@
 """The install path a user takes: the built wheel in a new virtual environment outside the
-checkout, the packaged Horovod installer (which reuses the wheel `make setup` cached), and the
-packaged demo on 2 ranks, run as docs/getting-started/install.md writes it."""
+checkout, one per extra, the packaged Horovod installer (which reuses the wheel `make setup`
+cached), and the packaged demo and trainer examples on 2 ranks, run as
+docs/getting-started/install.md and the trainer pages write them."""
 import os
 import pathlib
 import re
@@ -15,6 +16,7 @@ from tests.conftest import REPO
 from tests.test_docs import code_blocks
 
 INSTALL_PAGE = REPO / "docs" / "getting-started" / "install.md"
+TRAINER_PAGES = [REPO / "docs" / "trainers" / f"{name}.md" for name in ("lightning", "accelerate", "ray_train")]
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +37,12 @@ def test_the_wheel_and_sdist_pass_twine_check(dist):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_wheel_holds_the_patches_the_installer_and_the_demo_and_no_tests(dist):
+def test_the_wheel_holds_the_patches_the_installer_the_demo_and_examples_and_no_tests(dist):
     wheel = next(dist.glob("*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for path in ["horovod_accordion/horovod_patches.json", "horovod_accordion/install_horovod.py",
-                 "horovod_accordion/demo.py"]:
+                 "horovod_accordion/demo.py", *(f"horovod_accordion/examples/{name}.py" for name in (
+                     "data", "ddp_loop", "lightning", "accelerate", "ray_train"))]:
         assert path in names, path
     assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
     metadata = zipfile.ZipFile(wheel).read(f"horovod_accordion-{horovod_accordion.__version__}.dist-info/METADATA")
@@ -48,22 +51,62 @@ def test_the_wheel_holds_the_patches_the_installer_and_the_demo_and_no_tests(dis
         line for line in metadata.splitlines() if line.startswith(b"Requires-Dist"))), "Horovod is not an extra"
 
 
-def test_the_getting_started_commands_train_the_demo_on_2_ranks_from_the_wheel(dist, tmp_path):
-    [commands] = [block for marker, language, block in code_blocks(INSTALL_PAGE) if marker.startswith("test:")]
-    wheel = next(dist.glob("*.whl"))
-    assert wheel.name in commands, f"{INSTALL_PAGE.name} installs another wheel than {wheel.name}"
-    (tmp_path / wheel.name).symlink_to(wheel)
-    # A user's shell: none of this checkout's paths, or its venv, reachable.
+def release_blocks(page):
+    """The blocks of ``page`` that this file runs, as written."""
+    return [block for marker, language, block in code_blocks(page)
+            if marker.startswith("test:") and "tests/test_release.py" in marker]
+
+
+def run_as_a_user(commands, directory, wheel):
+    """``commands`` in bash, in ``directory`` beside the wheel, from a user's shell: none of this
+    checkout's paths, or its venv, reachable."""
+    assert wheel.name in commands, f"the page installs another wheel than {wheel.name}:\n{commands}"
+    if not (directory / wheel.name).exists():
+        (directory / wheel.name).symlink_to(wheel)
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "VIRTUAL_ENV") and not key.startswith("OMP_")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
                                   if not p.startswith(str(REPO)) and p != str(pathlib.Path(sys.executable).parent))
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path, env=env,
+    env["RAY_DISABLE_USAGE_STATS"] = "1"  # Ray's prompt otherwise; a user answers it once
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=directory, env=env,
                             capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "no cached wheel" not in output, "the installer compiled instead of reusing make setup's wheel"
+    return output
+
+
+def test_the_torch_and_trainer_pages_run_from_the_wheel_as_written(dist, tmp_path):
+    """The install page's torch block, then each trainer page's in the environment it made, as a
+    user follows them."""
+    wheel = next(dist.glob("*.whl"))
+    torch_block = release_blocks(INSTALL_PAGE)[0]
+    output = run_as_a_user(torch_block, tmp_path, wheel)
     assert re.search(r"^\[X\] PyTorch", output.replace("    [X]", "[X]"), re.M), output[-3000:]
-    epochs = re.findall(r"<stdout>:epoch \d+: .* rank\(s\) now \[([\d, ]+)\]", output)
-    assert epochs and epochs[0] == "2" and epochs[-1] == "1", epochs
+    epochs = re.findall(r"<stdout>:epoch \d+: .* PowerSGD rank\(s\) \[([\d, ]+)\]", output)
+    assert epochs and epochs[0] == "2" and "1" in epochs, epochs
+    assert re.search(r"trained on 2 ranks with Accordion PowerSGD 2/1: \d+ checks", output), output[-3000:]
+
+    for page in TRAINER_PAGES:
+        [block] = release_blocks(page)
+        output = run_as_a_user(block, tmp_path, wheel)
+        assert re.search(r"\[rank 0\] check after epoch 0: levels per layer: \S+=2", output), (page.name, output[-3000:])
+        assert re.search(r"\[rank 0\] accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank", output), \
+            (page.name, output[-3000:])
+        if page.stem == "ray_train":
+            # Ray folds the workers' lines that differ only in numbers ("[repeated 2x across cluster]").
+            assert re.search(r"\[rank \d\] epoch 15 ", output), (page.name, output[-3000:])
+            continue
+        for rank in (0, 1):
+            assert len(re.findall(rf"\[rank {rank}\] epoch +\d+ ", output)) == 16, (page.name, output[-3000:])
+
+
+def test_the_tensorflow_block_of_the_install_page_runs_from_the_wheel_as_written(dist, tmp_path):
+    wheel = next(dist.glob("*.whl"))
+    tensorflow_block = release_blocks(INSTALL_PAGE)[1]
+    output = run_as_a_user(tensorflow_block, tmp_path, wheel)
+    assert re.search(r"^\[X\] TensorFlow", output.replace("    [X]", "[X]"), re.M), output[-3000:]
+    assert "No module named 'torch'" not in output
+    epochs = re.findall(r"<stdout>:epoch \d+: .* PowerSGD rank\(s\) \[([\d, ]+)\]", output)
+    assert epochs and epochs[0] == "2" and "1" in epochs, epochs
     assert re.search(r"trained on 2 ranks with Accordion PowerSGD 2/1: \d+ checks", output), output[-3000:]

@@ -20,6 +20,7 @@ chains no collective from a future's callback, as torch's ``powerSGD_hook`` does
 Gloo no two threads issue collectives at once.
 """
 
+import sys
 import warnings
 import weakref
 
@@ -131,8 +132,8 @@ class AccordionState:
         self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
         self._unbound()
         self._optimizer = optimizer
-        self._hook_ran = [False]  # a holder the finalizer reads without keeping the state alive
-        weakref.finalize(self, _warn_if_hook_never_ran, self._hook_ran)
+        self._hook_watch = HookWatch()
+        weakref.finalize(self, _warn_if_hook_never_ran, self._hook_watch)
         if model is not None:
             self.bind(model, optimizer)
 
@@ -284,7 +285,7 @@ class AccordionState:
         self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale(), "bf16_wire": False}, **state))
         self.process_group = None
         self._unbound()
-        self._hook_ran = [True]  # an unpickled state may be read only: no warning for it
+        self._hook_watch = HookWatch(ran=True)  # an unpickled state may be read only: no warning for it
 
     def _levels(self):
         """(ℓ_low, ℓ_high) of the compression; ``(None, None)`` for none and fp16."""
@@ -293,11 +294,13 @@ class AccordionState:
     def _bound(self):
         if not self.bound:
             raise RuntimeError("this AccordionState has no parameters yet: it binds itself at the first step's "
-                               "communication hook call (or pass model=, or call state.bind(model))")
+                               "communication hook call (or pass model=, or call state.bind(model)), and "
+                               + ("no step has gone through it yet" if self._hook_watch.registered
+                                  else f"its hook has not run: {HookWatch.HOW_TO_REGISTER}"))
         return self._exchange
 
     def _on_bucket(self, bucket):
-        self._hook_ran[0] = True
+        self._hook_watch.ran = True
         buffer = bucket.buffer()
         arrived = _Bucket(bucket.index(), bucket.parameters(), bucket.gradients(), buffer,
                           torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None))
@@ -359,13 +362,30 @@ def _is_plain(compression):
     return isinstance(compression, type) and issubclass(compression, PlainCompressor)
 
 
-def _warn_if_hook_never_ran(hook_ran):
-    """When the state goes (or at exit): a state built for training whose hook never ran."""
-    if not hook_ran[0]:
-        warnings.warn("an AccordionState's hook never ran, so Accordion averaged nothing: register it on the DDP "
-                      "model (model.register_comm_hook(state, accordion_hook)). Lightning registers "
-                      "DDPStrategy(ddp_comm_hook=...) on CUDA only: add "
-                      "horovod_accordion.lightning.AccordionCallback(state), which registers it", RuntimeWarning)
+class HookWatch:
+    """What the state's finalizer reads, without keeping the state alive: whether its hook ran,
+    and whether a trainer integration registered it."""
+
+    HOW_TO_REGISTER = ("register it on the DDP model (model.register_comm_hook(state, accordion_hook)); in a "
+                       "trainer, horovod_accordion.lightning.AccordionCallback(state) (Lightning registers "
+                       "DDPStrategy(ddp_comm_hook=...) on CUDA only), horovod_accordion.accelerate."
+                       "register_accordion or horovod_accordion.ray_train.prepare_accordion")
+
+    def __init__(self, ran=False):
+        self.ran, self.registered = ran, False
+
+
+def _warn_if_hook_never_ran(watch):
+    """When the state goes (or at exit): a state built for training whose hook never ran. Not
+    after an uncaught exception: the traceback above says why no step ran."""
+    if watch.ran or getattr(sys, "last_value", None) is not None:
+        return
+    if watch.registered:
+        warnings.warn("an AccordionState's hook was registered on the DDP model, but no training step went through "
+                      "it, so Accordion averaged nothing", RuntimeWarning)
+    else:
+        warnings.warn(f"an AccordionState's hook never ran, so Accordion averaged nothing: {HookWatch.HOW_TO_REGISTER}",
+                      RuntimeWarning)
 
 
 class _Bucket:

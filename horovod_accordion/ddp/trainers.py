@@ -35,6 +35,7 @@ def attach(ddp_model, state, named_by=None, optimizer=None, grad_scaler=None):
                                f"{registered[0][0].__qualname__}, and DDP runs one: Accordion's would never run. "
                                f"Drop the other hook (ddp_comm_hook=...)")
         ddp_model.register_comm_hook(state, accordion_hook)
+    state._hook_watch.registered = True
     if grad_scaler is not None:
         state.grad_scaler = grad_scaler
     state.bind(named_by if named_by is not None else ddp_model, optimizer)
