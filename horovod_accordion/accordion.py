@@ -28,7 +28,7 @@ class Accordion:
         layer_names: one name per gradient tensor, in the adapter's order.
         levels: the ladder ``(low, ..., high)``: ℓ_low for critical layers, ℓ_high for the
             others, and the levels between for a policy that uses them.
-        eta, interval, per_layer, lr_decay_factor: see :class:`RegimeDetector`.
+        eta, interval, per_layer, lr_decay_factor: see ``RegimeDetector``.
         window_steps: a window is this many optimizer steps; ``None`` means the user
             closes each window (an epoch) by calling ``end_epoch()`` on the optimizer.
         delta_windows: the accumulated gradient Δ of a check spans this many windows
@@ -43,7 +43,7 @@ class Accordion:
             raise on every rank if any differ (one small allgather, not counted as traffic).
             ``None`` (the default) reads ``HOROVOD_ACCORDION_VERIFY_LEVELS=1`` from the
             environment, which the test suite sets.
-        log: a :class:`CommunicationLog`.
+        log: a ``CommunicationLog``.
         describe: a function of the new levels that returns extra fields for each check
             record (the batch variant logs the batch size in force).
         compressed_layers: the indices of the layers whose level means something, those the

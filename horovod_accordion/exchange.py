@@ -26,7 +26,7 @@ __all__ = ["BucketedExchange"]
 
 class BucketedExchange:
     """Args:
-        accordion: the :class:`horovod_accordion.accordion.Accordion` schedule.
+        accordion: the ``horovod_accordion.accordion.Accordion`` schedule.
         reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients; the
             exchange runs on its backends, its ``tensors`` and its ``collectives``.
         params: the parameters, one per layer, in the order of ``accordion.layer_names``.

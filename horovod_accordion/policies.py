@@ -5,15 +5,15 @@ a window shows into one level per layer, from the compression's ladder (``PowerS
 ladder=(4, 2, 1))``: ℓ_low first, ℓ_high last). No framework is imported here: the
 adapters measure, the schedule (``horovod_accordion.accordion``) asks the policy.
 
-* :class:`AccordionPolicy` (``"accordion"``, the default): ℓ_low for critical layers, ℓ_high
+* ``AccordionPolicy`` (``"accordion"``, the default): ℓ_low for critical layers, ℓ_high
   for the others (Agarwal et al., MLSys 2021). The ladder's middle levels go unused.
-* :class:`ErrorBudget` (``"error_budget"``, after L-GreCo, Markov et al., MLSys 2024):
+* ``ErrorBudget`` (``"error_budget"``, after L-GreCo, Markov et al., MLSys 2024):
   critical layers at ℓ_low; every other compressed layer at the cheapest ladder level such
   that their summed compression error stays within ``slack`` times what ℓ_low would give
   them. At each check it measures ‖Δ − C_level(Δ)‖² per layer and level on each rank's own
   window gradient Δ, averages that table over ranks in the check's allreduce, so every
-  rank decides alike, and solves the knapsack by dynamic programming (:func:`cheapest_levels`).
-* :class:`PhaseSchedule` (``"phase"``, after LEGACY, ICLR 2026): no statistics at all. The
+  rank decides alike, and solves the knapsack by dynamic programming (``cheapest_levels``).
+* ``PhaseSchedule`` (``"phase"``, after LEGACY, ICLR 2026): no statistics at all. The
   level follows the training phase (the ladder in equal thirds, halves, ... of
   ``total_windows``) and the layer's size on the wire (layers whose ℓ_low bytes are above the
   median one step harder).
@@ -126,7 +126,7 @@ class PhaseSchedule(AccordionPolicy):
 
 
 def policy_for(policy, ladder, batch_switch=False):
-    """:func:`make_policy`, refusing a policy other than Accordion's with a batch switch (the
+    """``make_policy``, refusing a policy other than Accordion's with a batch switch (the
     policies choose compression levels, not batch sizes), and one that weighs the levels' costs
     where it has nothing to choose: with a fixed level (a static or plain compression)."""
     policy = make_policy(policy)

@@ -15,8 +15,8 @@ __all__ = ["StepDriver"]
 
 class StepDriver:
     """Args:
-        exchange: the :class:`horovod_accordion.exchange.BucketedExchange` that runs the steps.
-        batch_switch: a :class:`horovod_accordion.batch.BatchSwitch`, or ``None``.
+        exchange: the ``horovod_accordion.exchange.BucketedExchange`` that runs the steps.
+        batch_switch: a ``horovod_accordion.batch.BatchSwitch``, or ``None``.
         backward_passes_per_step: the micro-batches of every step without a batch switch.
     """
 

@@ -38,4 +38,11 @@ def test_the_site_builds_strictly(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "reference" / "index.html").is_file()
+    reference = (tmp_path / "reference" / "index.html").read_text()
+    assert ":class:" not in reference, "a Sphinx role renders literally"
+    torch_compression = reference[reference.index('id="horovod_accordion.torch.compression.Compression"'):]
+    torch_compression = torch_compression[:torch_compression.index('<div class="doc doc-object')]
+    assert "powersgd" in torch_compression and "topk" in torch_compression, torch_compression[:3000]
+    torch_optimizer = reference[reference.index('id="horovod_accordion.torch.optimizer.DistributedOptimizer"'):]
+    torch_optimizer = torch_optimizer[:torch_optimizer.index('<div class="doc doc-object')]
+    assert "<table" in torch_optimizer and "<code>tensorboard_dir</code>" in torch_optimizer, torch_optimizer[:3000]

@@ -378,3 +378,75 @@ def test_a_restored_schedule_says_whether_its_window_adds_to_delta():
     assert resumed.accumulating.value is True
     resumed.load_state_dict(saved.state_dict())
     assert resumed.accumulating.value is False
+
+
+HADAMARD_SHAPES = [(16, 16), (16,), (64, 32)]
+UNIT_ROUNDOFF_FP32 = 2.0 ** -24
+
+
+def sylvester_hadamard(order):
+    h = np.ones((1, 1))
+    while len(h) < order:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def hadamard_gradients(steps):
+    """Per step, gradients that bf16 and fp16 hold exactly and whose window sum fp32 holds exactly:
+    multiples of 4 up to 256 in magnitude, on orthogonal (Hadamard) columns of distinct norms.
+    Their squares (up to 2^18) overflow fp16's 65504."""
+    grads = []
+    for step in range(steps):
+        layer = []
+        for shape in HADAMARD_SHAPES:
+            if len(shape) == 1:
+                layer.append(np.full(shape, 4.0 * (step + 1)))
+                continue
+            rows, columns = shape
+            scales = 4.0 * (1 + (np.arange(columns) * 7 + step) % 64)
+            layer.append(sylvester_hadamard(rows)[:, :columns] * scales)
+        grads.append(layer)
+    return grads
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("compression", [PowerSGD(4, 1, ladder=(4, 2, 1), min_compression_rate=0),
+                                         TopK(0.5, 0.05, ladder=(0.5, 0.2, 0.05))])
+def test_the_error_table_of_half_precision_gradients_is_the_float64_one(dtype, compression):
+    """bf16 and fp16 gradients of bf16 and fp16 parameters: Δ is kept in fp32 (exact here), the
+    error table is computed in fp32 and squared in fp64, and the policy reads it, within a
+    derived bound of the float64 table. TopK's residual is exact, so only fp32's sum of n
+    squares rounds: relative error ≤ (n + 3) u. PowerSGD's, with Q the first unit columns and Δ's
+    columns orthogonal: P is the normalised columns (one rounding each), and each entry of
+    Δ − P (Δᵀ P)ᵀ is within (m + n + 4) u of the entries it is made of, so the squared error
+    is within 2 (m + n + 4) u ‖Δ‖² (+ its square) of the float64 one."""
+    steps = 2
+    schedule = Accordion(["w", "b", "v"], compression.levels, compressed_layers=[0, 2], policy="error_budget",
+                         interval=1, window_steps=steps)
+    tensors, collectives = lone_backends()
+    reducer, _ = make_reducer(compression, HADAMARD_SHAPES, tensors, collectives, None)
+    if isinstance(compression, PowerSGD):
+        for i in reducer.compressed:
+            reducer.q[i].copy_(torch.eye(*reducer.q[i].shape))
+    exchange = BucketedExchange(schedule, reducer, [torch.zeros(shape, dtype=dtype) for shape in HADAMARD_SHAPES])
+    history = hadamard_gradients(steps)
+    for grads in history:
+        exchange.start(0, range(3), [torch.from_numpy(g).to(dtype) for g in grads])
+        exchange.finish()
+        exchange.end_step()
+    assert [d.dtype for d in exchange.accumulated] == [torch.float32] * 3
+    [check] = [c for c in schedule.log.checks if c.get("errors")]
+    for name, layer in (("w", 0), ("v", 2)):
+        delta = sum(grads[layer] for grads in history)  # float64, and exact
+        m = delta.reshape(HADAMARD_SHAPES[layer][0], -1)
+        for error, level in zip(check["errors"][name], compression.levels):
+            if isinstance(compression, PowerSGD):
+                p = m[:, :level] / np.linalg.norm(m[:, :level], axis=0)
+                expected = np.sum((m - p @ (p.T @ m)) ** 2)
+                slack = 2 * (sum(m.shape) + 4) * UNIT_ROUNDOFF_FP32 * np.sum(m ** 2)
+                bound = slack + slack ** 2 / np.sum(m ** 2)
+            else:
+                squares = np.sort(m.reshape(-1) ** 2)[::-1]
+                expected = squares[kept_count(level, squares.size):].sum()
+                bound = (squares.size + 3) * UNIT_ROUNDOFF_FP32 * expected
+            assert math.isfinite(error) and abs(error - expected) <= bound, (name, level, error, expected, bound)

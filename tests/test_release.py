@@ -16,7 +16,8 @@ from tests.conftest import REPO
 from tests.test_docs import code_blocks
 
 INSTALL_PAGE = REPO / "docs" / "getting-started" / "install.md"
-TRAINER_PAGES = [REPO / "docs" / "trainers" / f"{name}.md" for name in ("lightning", "accelerate", "ray_train")]
+TRAINER_PAGES = [REPO / page for page in (
+    "docs/trainers/lightning.md", "docs/trainers/accelerate.md", "docs/trainers/ray_train.md")]
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=hvd.Compression.none,
                **accordion_options):
     """``keras.models.load_model`` with Accordion's optimizer: the model comes back with its
-    weights, and with its optimizer wrapped in :func:`DistributedOptimizer` (``compression`` and
+    weights, and with its optimizer wrapped in ``DistributedOptimizer`` (``compression`` and
     Accordion's keyword arguments: ``eta``, ``interval``, ...), its variables restored. A file
     saved with Accordion's optimizer also restores Accordion's state, saved beside them, and
     training continues exactly; one saved with a plain optimizer starts Accordion afresh."""

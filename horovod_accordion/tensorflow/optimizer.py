@@ -85,7 +85,7 @@ def tensorflow_distributed_optimizer(optimizer, name=None, use_locking=False, de
                                      scale_local_gradients=True, **accordion_options):
     """``horovod.tensorflow.DistributedOptimizer``, with its arguments and defaults, exported as
     ``horovod_accordion.tensorflow.DistributedOptimizer``: a tf_keras optimizer gets
-    :func:`DistributedOptimizer` (Accordion's keyword arguments included), and a
+    ``DistributedOptimizer`` (Accordion's keyword arguments included), and a
     ``tf.compat.v1.train.Optimizer`` gets Horovod's own, whose compressors are the plain ones:
     PowerSGD and TopK keep state across steps, which Accordion keeps in the tape
     (``DistributedGradientTape(accordion=...)``) or in a tf_keras optimizer.
@@ -114,7 +114,7 @@ def tensorflow_distributed_optimizer(optimizer, name=None, use_locking=False, de
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=hvd.Compression.none,
                legacy_opts=False, **accordion_options):
     """``horovod.tensorflow.keras.load_model`` with Accordion's optimizer: load a tf_keras model
-    saved with its optimizer, and wrap that optimizer in :func:`DistributedOptimizer` with
+    saved with its optimizer, and wrap that optimizer in ``DistributedOptimizer`` with
     ``compression`` and Accordion's keyword arguments (``eta``, ``interval``, ...).
 
     The model's weights and the optimizer's slots come back. So does Accordion's state from a

@@ -22,7 +22,17 @@ class FP16Compressor(torch_compression.FP16Compressor, Compressor):
 
 
 class Compression(torch_compression.Compression):
-    """Optional gradient compression algorithm used during allreduce."""
+    """Optional gradient compression algorithm used during allreduce.
+
+    Attributes:
+        none: Horovod's: gradients travel as they are.
+        fp16: Horovod's: floating-point gradients travel as fp16.
+        powersgd: ``Compression.powersgd(low_rank, high_rank=None, ...)``: PowerSGD at rank ``low_rank``
+            in critical regimes and ``high_rank`` elsewhere (one rank: static); see
+            ``horovod_accordion.reducers``.
+        topk: ``Compression.topk(low_fraction, high_fraction=None)``: the largest ``low_fraction`` of
+            each layer's gradient in critical regimes, ``high_fraction`` elsewhere, with error feedback.
+    """
 
     none = NoneCompressor
     fp16 = FP16Compressor

@@ -9,7 +9,7 @@ needs no change:
   counters, and this process's error-feedback memory, residuals and Δ;
 - after a failure, ``restore()`` goes back to it. Each surviving process keeps its own
   memory, whatever rank it has in the new world; a rank that joins starts from zero;
-- ``sync()`` broadcasts rank 0's shared state with :func:`broadcast_optimizer_state`, which
+- ``sync()`` broadcasts rank 0's shared state with ``broadcast_optimizer_state``, which
   never steps a fresh optimizer (Horovod's would: a phantom, collective ``step()`` on the
   joining worker alone). Averaging factors follow the new world size by themselves: every
   collective asks the process set for its size.

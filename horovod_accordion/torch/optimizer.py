@@ -531,7 +531,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     high_rank)`` or ``Compression.topk(low_fraction, high_fraction)``; with
     ``Compression.none`` or ``Compression.fp16`` it behaves as Horovod's optimizer.
 
-    Accordion's arguments:
+    Args:
+        optimizer: the torch optimizer to wrap, as Horovod's.
+        named_parameters: as Horovod's; Accordion's logs and checkpoints name the layers after it.
+        compression: Horovod's ``Compression.none`` or ``Compression.fp16``, or Accordion's
+            ``Compression.powersgd`` or ``Compression.topk``.
+        backward_passes_per_step: as Horovod's.
+        op: ``Average`` or ``Sum``, as Horovod's; ``Adasum`` is refused.
+        gradient_predivide_factor: as Horovod's.
+        num_groups: as Horovod's (deprecated there).
+        groups: as Horovod's.
+        sparse_as_dense: as Horovod's.
+        process_set: as Horovod's.
         eta: relative change of a layer's accumulated-gradient norm that marks a critical
             regime (ℓ_low). The paper's 0.5.
         interval: check every ``interval`` windows (the paper: 10 epochs).
@@ -541,13 +552,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         lr_decay_factor: a learning-rate drop to 1/``lr_decay_factor`` of the highest
             rate since the last such drop puts every layer at ℓ_low until the next
             check. ``None`` disables the rule. See ``horovod_accordion.detector``.
-        delta_windows, check_norm: what a check measures; see ``horovod_accordion.accordion.Accordion``.
+        delta_windows: how many windows a check's Δ spans; see ``horovod_accordion.accordion.Accordion``.
+        check_norm: which norm a check reads; see ``horovod_accordion.accordion.Accordion``.
         verify_levels: debugging: whenever the levels are decided, compare those of all ranks and raise
             on every rank if they differ. ``None``: on if ``HOROVOD_ACCORDION_VERIFY_LEVELS=1``.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
         tensorboard_dir: rank 0 writes TensorBoard scalars there: bytes per step, and each
             layer's level and ratio at every check (needs the ``tensorboard`` package).
-        batch_switch: a :class:`horovod_accordion.batch.BatchSwitch`: switch the batch size
+        batch_switch: a ``horovod_accordion.batch.BatchSwitch``: switch the batch size
             (1 or m micro-batches per communication, whole-model decision) instead of the
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
             micro-batch; the optimizer averages the micro-batches and scales the LR.
