@@ -563,9 +563,10 @@ NOT_PREDICTED = [
      "why_not": "The paper's timing tables were not reachable."},
     {"source": "Xu et al.: GRACE, a compressed communication framework (ICDCS 2021)",
      "address": "https://github.com/sands-lab/grace; https://github.com/sands-lab/grace-data",
-     "found": "The abstract and the framework; the measurements are in GRACE_data_release.pickle, not readable "
-              "as text here.",
-     "why_not": "No table with step times and a stated network was reachable."},
+     "found": "The measurements, GRACE_data_release.pickle, extracted into a table of throughputs with their "
+              "network (the design notes' grace_throughput.json).",
+     "why_not": "Predicted on their own in benchmarks/advise_grace.py (results/advise_grace.json): their rows are "
+                "throughputs of ImageNet models on V100s, not this paper's training times."},
     {"source": "The Accordion paper's VGG-19bn and SENet rows (Tables 1, 3, 4)",
      "address": ACCORDION_PAPER["address"],
      "found": "Times and data volumes (design notes, section 7).",

@@ -1,14 +1,19 @@
 """The advisor (``python -m horovod_accordion.advise``): its bytes against our optimizer's, the
-wire model and the overlap schedule on hand-computed cases, and the CLI on a committed profile."""
+wire model and the overlap schedule on hand-computed cases, the CLI on a committed profile (its
+argument errors, no matplotlib, a profile taken on a busy machine), and the validation against
+GRACE's published throughputs (``benchmarks/advise_grace.py``)."""
 import json
+import os
 import pathlib
 import re
+import runpy
 import shlex
 import subprocess
 import sys
 
 import pytest
 
+from horovod_accordion.advise.__main__ import main as advise
 from horovod_accordion.advise.predict import predict
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
 from horovod_accordion.advise.wire import Link, collective_seconds, parse_link
@@ -102,4 +107,84 @@ def test_the_docs_offline_command_prints_its_table_and_writes_its_png_without_to
     assert result.returncode == 0, result.stderr
     assert "16 workers, 100gbit:" in result.stdout and "fastest" in result.stdout
     assert "imported torch: False" in result.stdout
+    assert "UNRELIABLE" not in result.stdout, "the committed profile's repeats agree within 2x"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _advise(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "horovod_accordion.advise", "--profile", str(PROFILE), *argv],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("argv, accepted", [
+    (["--compressions", "none,powersgd"], ["'powersgd': the rank is missing", "powersgd:R", "topk:F",
+                                           "accordion:powersgd:LOW/HIGH", "accordion:topk:LOW/HIGH"]),
+    (["--link", "10gb"], ["link '10gb'", "mbit, gbit or tbit", "10gbit"]),
+    (["--workers", "4,sixteen"], ["world sizes are positive integers", "4,16,64"]),
+])
+def test_an_argument_mistake_is_an_argparse_error_that_lists_the_accepted_forms(argv, accepted, tmp_path):
+    result = _advise(*argv, "--png", str(tmp_path / "advise.png"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "usage:" in result.stderr
+    assert f"error: argument {argv[0]}:" in result.stderr
+    for form in accepted:
+        assert form in result.stderr
+
+
+def test_without_matplotlib_the_table_is_printed_and_the_picture_explained(tmp_path):
+    """``tests/no_matplotlib`` makes ``import matplotlib`` fail, as without the ``plot`` extra."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "no_matplotlib"), str(REPO)]))
+    png = tmp_path / "advise.png"
+    result = _advise("--workers", "4,16", "--link", "1gbit", "--png", str(png), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "16 workers, 1gbit:" in result.stdout and "fastest" in result.stdout
+    assert "pip install 'horovod_accordion[plot]'" in result.stdout
+    assert not png.exists()
+
+
+def test_a_profile_whose_repeats_spread_more_than_twice_is_reported_unreliable(tmp_path, capsys):
+    profile = json.loads(PROFILE.read_text())
+    backward = profile["compute"]["backward_s"]
+    backward[-1] = 3 * min(backward)  # one repeat taken while something else ran
+    busy = tmp_path / "busy_profile.json"
+    busy.write_text(json.dumps(profile))
+    advise(["--profile", str(busy), "--workers", "4,16", "--link", "10gbit", "--png", str(tmp_path / "a.png")])
+    out = capsys.readouterr().out
+    assert "16 workers, 10gbit:" in out
+    warning = out[out.index("UNRELIABLE PROFILE"):]
+    assert "backward 3.0×" in warning and "busy" in warning
+    assert "quiet machine" in warning and "--device cuda" in warning and "--repeats" in warning
+
+
+# --- Validation against GRACE's published throughputs (benchmarks/advise_grace.py) -------------
+
+GRACE = REPO / "benchmarks" / "advise_grace.py"
+
+
+def test_the_grace_validation_json_is_what_its_script_writes(tmp_path):
+    """The script is arithmetic only (a few seconds); the committed JSON must be its output."""
+    out = tmp_path / "advise_grace.json"
+    result = subprocess.run([sys.executable, str(GRACE), "--out", str(out)], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    committed = json.loads((REPO / "benchmarks" / "results" / "advise_grace.json").read_text())
+    assert json.loads(out.read_text()) == committed
+    assert committed["command"] == "python benchmarks/advise_grace.py"
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_grace_model_tables_are_resnet50_and_vgg19():
+    """The hand-written ResNet-50 is torchvision's (our H200 profile records its shapes), in TF's
+    layouts; VGG19 has its known size; GRACE's TF PowerSGD sends a 1×1 conv's gradient whole."""
+    grace = runpy.run_path(str(GRACE))
+    torch_layout = {4: lambda s: (s[3], s[2], s[0], s[1]), 2: lambda s: (s[1], s[0]), 1: lambda s: s}
+    ours = [list(torch_layout[len(shape)](shape)) for layer in grace["resnet50"]() for shape in layer.shapes]
+    profiled = json.loads((REPO / "benchmarks" / "results" / "profiles" / "resnet50-imagenet-b64_h200.json")
+                          .read_text())["layers"]
+    assert ours == [layer["shape"] for layer in profiled]
+    vgg19 = grace["vgg19"]()
+    assert sum(len(layer.shapes) for layer in vgg19) == 38 and grace["parameters"](vgg19) == 143_667_240
+    p, q, decompress = grace["tensor_segments"]((1, 1, 256, 64), "powersgd", None, 0.0)
+    assert p.collectives == [("allreduce", 4)] and q.collectives == [("allreduce", 4 * 256 * 64)]
+    selection, _ = grace["tensor_segments"]((3, 3, 64, 64), "topk", 0.01, 0.0)
+    assert selection.collectives == [("allgather", 8 * 368)]

@@ -1,8 +1,8 @@
 """``python -m horovod_accordion.advise``: will compression make my training faster?
 
     python -m horovod_accordion.advise --model resnet18-cifar --workers 4,16,64 --link 10gbit,100gbit
-    python -m horovod_accordion.advise --profile benchmarks/results/profiles/resnet18-cifar_cpu.json \\
-        --workers 4,16,64 --link 10gbit,100gbit          # offline, from a saved profile
+    python -m horovod_accordion.advise --profile my_profile.json \\
+        --workers 4,16,64 --link 10gbit,100gbit          # offline, from a profile saved with --save-profile
     python -m horovod_accordion.advise --model mypackage.models:make_model --input-shape 3,224,224 --batch 32
 """
 
@@ -11,19 +11,65 @@ import importlib
 import json
 import sys
 
-from horovod_accordion.advise.predict import low_fraction_from_study, predict
-from horovod_accordion.advise.report import plot, table, verdicts
+from horovod_accordion.advise.predict import low_fraction_from_study, predict, unreliable_times
+from horovod_accordion.advise.report import plot, table, trust_warning, verdicts
 from horovod_accordion.advise.variants import LAYOUTS, parse_variant
 from horovod_accordion.advise.wire import parse_link
 
 DEFAULT_COMPRESSIONS = "none,fp16,powersgd:1,powersgd:4,topk:0.01,accordion:powersgd:4/1"
 
 
-def _numbers(text, kind=int):
-    return [kind(x) for x in text.split(",") if x.strip()]
+def _integers(what, example):
+    """An argparse type: positive integers separated by commas, ``what`` and ``example`` in its error."""
+    def parse(text):
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{what} are positive integers separated by commas, e.g. {example}; "
+                                             f"got {text!r}")
+        return values
+    return parse
 
 
-def _profile(args, variants, workers):
+def _compressions(text):
+    try:
+        return [parse_variant(name) for name in text.split(",")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _links(text):
+    """The link names, each checked; ``main`` builds them with the latency and sharing."""
+    try:
+        return [parse_link(name).name for name in text.split(",")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _low_fraction(text):
+    if text.startswith("study:"):
+        return text
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = -1.0
+    if not 0 <= fraction <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction between 0 and 1 (e.g. 0.3) or study:PATH/summary.json, "
+                                         f"got {text!r}")
+    return text
+
+
+def _saved_profile(parser, path):
+    try:
+        with open(path) as stream:
+            return json.load(stream)
+    except (OSError, ValueError) as error:
+        parser.error(f"argument --profile: cannot read a profile from {path!r}: {error}")
+
+
+def _profile(parser, args, variants, workers):
     """Measure the model on this device (the only path that imports torch)."""
     import torch
 
@@ -36,12 +82,12 @@ def _profile(args, variants, workers):
         module, _, function = args.model.partition(":")
         factory, shape, batch = getattr(importlib.import_module(module), function), None, None
     else:
-        raise SystemExit(f"--model is one of {sorted(KNOWN)} or an importable factory module:function, "
-                         f"got {args.model!r}")
-    shape = tuple(_numbers(args.input_shape)) if args.input_shape else shape
+        parser.error(f"argument --model: one of {sorted(KNOWN)} or an importable factory module:function, "
+                     f"got {args.model!r}")
+    shape = tuple(args.input_shape) if args.input_shape else shape
     batch = args.batch or batch
     if shape is None or batch is None:
-        raise SystemExit("a model factory needs --input-shape (one sample, e.g. 3,224,224) and --batch")
+        parser.error("a model factory needs --input-shape (one sample, e.g. 3,224,224) and --batch")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -61,41 +107,42 @@ def main(argv=None):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="resnet18-cifar, or a factory module:function (with --input-shape, --batch)")
     source.add_argument("--profile", help="predict offline from this saved JSON profile")
-    parser.add_argument("--input-shape", help="one sample's shape, e.g. 3,32,32")
+    parser.add_argument("--input-shape", type=_integers("a sample's dimensions", "3,224,224"),
+                        help="one sample's shape, e.g. 3,32,32")
     parser.add_argument("--batch", type=int, help="batch per worker")
     parser.add_argument("--device", default="cpu", help="where to profile: cpu or cuda")
     parser.add_argument("--threads", type=int, help="torch threads while profiling (default: torch's)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of everything measured")
     parser.add_argument("--save-profile", help="write the measured profile here")
-    parser.add_argument("--profile-workers", type=_numbers, default=[],
+    parser.add_argument("--profile-workers", type=_integers("world sizes", "2,8"), default=[],
                         help="more world sizes to record in a saved profile")
-    parser.add_argument("--compressions", default=DEFAULT_COMPRESSIONS,
+    parser.add_argument("--compressions", type=_compressions, default=DEFAULT_COMPRESSIONS,
                         help="none, fp16, powersgd:R, topk:F, accordion:powersgd:LOW/HIGH, accordion:topk:LOW/HIGH")
-    parser.add_argument("--workers", type=_numbers, default=[8, 64, 256])
-    parser.add_argument("--link", default="10gbit,25gbit,100gbit,400gbit", help="per-rank link rates")
+    parser.add_argument("--workers", type=_integers("world sizes", "4,16,64"), default=[8, 64, 256])
+    parser.add_argument("--link", type=_links, default="10gbit,25gbit,100gbit,400gbit",
+                        help="per-rank link rates, e.g. 10gbit,100mbit")
     parser.add_argument("--latency-us", type=float, default=5.0, help="latency per hop (α), microseconds")
     parser.add_argument("--shared-by", type=int, default=1, help="ranks sharing one link (1 on a switched network)")
     parser.add_argument("--algorithm", choices=["ring", "tree"], default="ring",
                         help="allreduce algorithm; tree: NCCL's, with 2·log2(W) latency steps")
     parser.add_argument("--layout", choices=LAYOUTS, default="horovod",
                         help="our Horovod optimizer's buckets, or DDP's (our DDP hook)")
-    parser.add_argument("--low-fraction", default="0.5",
+    parser.add_argument("--low-fraction", type=_low_fraction, default="0.5",
                         help="Accordion's fraction of steps at ℓ_low: a number, or study:PATH/summary.json")
     parser.add_argument("--check-every", type=int, default=1, help="steps per Accordion check (window_steps·interval)")
     parser.add_argument("--png", default="advise.png", help="where to write the speedup plot")
     args = parser.parse_args(argv)
 
-    variants = [parse_variant(text) for text in args.compressions.split(",")]
+    variants = args.compressions
     names = [v.name for v in variants]
     if "none" not in names:
         variants.insert(0, parse_variant("none"))
         names.insert(0, "none")
-    links = [parse_link(text, args.latency_us * 1e-6, args.shared_by) for text in args.link.split(",")]
+    links = [parse_link(name, args.latency_us * 1e-6, args.shared_by) for name in args.link]
     if args.profile:
-        with open(args.profile) as stream:
-            profile = json.load(stream)
+        profile = _saved_profile(parser, args.profile)
     else:
-        profile = _profile(args, variants, args.workers)
+        profile = _profile(parser, args, variants, args.workers)
         if args.save_profile:
             with open(args.save_profile, "w") as stream:
                 json.dump(profile, stream, indent=1)
@@ -118,8 +165,11 @@ def main(argv=None):
           f"step, the range from the profile's spread")
     print(table(results, args.workers, links, names))
     print()
-    print("\n".join(verdicts(results, args.workers, links, names)))
-    print(f"wrote {plot(results, args.workers, links, names, args.png)}")
+    print("\n".join(verdicts(results, args.workers, links, names)
+                    + trust_warning(unreliable_times(profile, names, args.layout, args.workers))))
+    written = plot(results, args.workers, links, names, args.png)
+    print(f"wrote {written}" if written else
+          "no picture: matplotlib is not installed; pip install 'horovod_accordion[plot]' to draw it")
 
 
 if __name__ == "__main__":

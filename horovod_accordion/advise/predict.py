@@ -12,9 +12,14 @@ import statistics
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
 from horovod_accordion.advise.wire import collective_seconds
 
-__all__ = ["STATISTICS", "predict", "low_fraction_from_study", "step_of"]
+__all__ = ["STATISTICS", "SPREAD_LIMIT", "predict", "low_fraction_from_study", "step_of", "unreliable_times"]
 
 STATISTICS = {"fastest": min, "median": statistics.median, "slowest": max}
+# A profiled time whose slowest repeat took more than this many times its fastest was measured on
+# a busy machine. Only times of at least SHARE_THAT_MATTERS of the median step are checked: a
+# smaller one cannot move a prediction much, and its repeats spread more.
+SPREAD_LIMIT = 2.0
+SHARE_THAT_MATTERS = 0.05
 
 
 def _exchange(profile, variant, layout, workers):
@@ -71,3 +76,31 @@ def low_fraction_from_study(path, family):
     if missing:
         raise ValueError(f"{path} has no {family} rows for {sorted(missing)}")
     return (rows["accordion"] - rows["high"]) / (rows["low"] - rows["high"])
+
+
+def _timed_quantities(profile, variants, layout, workers):
+    """``(what, repeats)`` of every time the predictions of ``variants`` on ``workers`` use: the
+    compute, and each exchange's maths per step (its segments summed repeat by repeat)."""
+    compute = profile["compute"]
+    yield "forward", compute["forward_s"]
+    yield "backward", compute["backward_s"]
+    yield "the optimizer step", compute["optimizer_s"]
+    yield "the whole step", [sum(repeat) for repeat in zip(compute["forward_s"], compute["backward_s"],
+                                                             compute["optimizer_s"])]
+    for variant in variants:
+        for w in workers:
+            for key, exchange in _exchange(profile, variant, layout, w).items():
+                level = "" if key == "fixed" else f" at ℓ_{key}"
+                segments = [segment["compute_s"] for bucket in exchange["buckets"] for segment in bucket["segments"]]
+                yield f"{variant}'s exchange on {w} workers{level}", [sum(repeat) for repeat in zip(*segments)]
+                if exchange.get("check_s"):
+                    yield f"{variant}'s check on {w} workers{level}", exchange["check_s"]
+
+
+def unreliable_times(profile, variants, layout, workers):
+    """``[(what, slowest / fastest)]`` of the profiled times that these predictions use whose
+    repeats spread by more than ``SPREAD_LIMIT``, among those that matter (``SHARE_THAT_MATTERS``)."""
+    quantities = list(_timed_quantities(profile, variants, layout, workers))
+    step = statistics.median(dict(quantities)["the whole step"])
+    return [(what, max(repeats) / min(repeats)) for what, repeats in quantities
+            if statistics.median(repeats) >= SHARE_THAT_MATTERS * step and max(repeats) > SPREAD_LIMIT * min(repeats)]

@@ -1,6 +1,9 @@
-"""The advisor's output: a table per link, a one-line verdict per setting, and one PNG."""
+"""The advisor's output: a table per link, a one-line verdict per setting, a warning when the
+profile's repeats spread too far to be trusted, and one PNG."""
 
-__all__ = ["table", "verdicts", "plot"]
+from horovod_accordion.advise.predict import SPREAD_LIMIT
+
+__all__ = ["table", "verdicts", "trust_warning", "plot"]
 
 
 def _speedup(baseline, predicted):
@@ -43,29 +46,72 @@ def verdicts(results, workers, links, variants):
     return lines
 
 
+def _speedup_ticks(low, high):
+    """Plain tick values between ``low`` and ``high`` (0.5, 1, 2, 5, ...), finer where that gives
+    fewer than four."""
+    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [round(m * 10.0 ** e, 6) for e in range(-3, 4) for m in mantissas if low <= m * 10.0 ** e <= high]
+        if len(ticks) >= 4:
+            break
+    return ticks
+
+
+def trust_warning(unreliable):
+    """The lines that say a profile is not to be trusted, why, and what to do; none if it is.
+    ``unreliable`` is ``predict.unreliable_times``'s list."""
+    if not unreliable:
+        return []
+    spreads = "; ".join(f"{what} {spread:.1f}×" for what, spread in unreliable)
+    return [f"UNRELIABLE PROFILE: repeats spread by more than {SPREAD_LIMIT:g}× (slowest over fastest): {spreads}.",
+            "The machine was most likely busy while profiling, so these predictions are not to be trusted.",
+            "Profile again on a quiet machine, on the cluster's own device (--device cuda), with more repeats "
+            "(--repeats 20)."]
+
+
 def plot(results, workers, links, variants, path):
     """Speedup against ``none`` per world size: one line per compression, one panel per link;
-    the band is the range from the measurement's spread."""
-    import matplotlib
+    the band is the range from the measurement's spread, and the region where compression pays
+    (a speedup above 1) is shaded. Returns ``path``, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
 
+    def speedups(link, variant, statistic):
+        return [results[(link.name, w, "none")]["median"] / results[(link.name, w, variant)][statistic]
+                for w in workers]
+
+    spread = [value for link in links for variant in variants for statistic in ("fastest", "slowest")
+              for value in speedups(link, variant, statistic)]
+    low, high = min(spread + [1.0]) / 1.2, max(spread + [1.0]) * 1.2
     figure, axes = plt.subplots(1, len(links), figsize=(4.5 * len(links), 3.8), sharey=True, squeeze=False)
     for axis, link in zip(axes[0], links):
-        for variant in variants:
-            none = [results[(link.name, w, "none")]["median"] for w in workers]
-            mine = [results[(link.name, w, variant)] for w in workers]
-            line, = axis.plot(workers, [n / p["median"] for n, p in zip(none, mine)], marker="o", label=variant)
-            axis.fill_between(workers, [n / p["slowest"] for n, p in zip(none, mine)],
-                              [n / p["fastest"] for n, p in zip(none, mine)], color=line.get_color(), alpha=0.15)
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
+        axis.axhspan(1.0, high, color="tab:green", alpha=0.08, linewidth=0)
+        axis.text(0.03, 0.97, "compression pays (faster than none)", transform=axis.transAxes, va="top",
+                  fontsize=7, color="darkgreen")
         axis.axhline(1.0, color="grey", linewidth=0.8)
+        for variant in variants:
+            line, = axis.plot(workers, speedups(link, variant, "median"), marker="o", linewidth=1.5,
+                              markersize=4, label=variant)
+            axis.fill_between(workers, speedups(link, variant, "slowest"), speedups(link, variant, "fastest"),
+                              color=line.get_color(), alpha=0.12, linewidth=0)
+        axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_locator(FixedLocator(workers))
+        axis.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+        axis.xaxis.set_minor_locator(NullLocator())
+        axis.set_yscale("log")
+        axis.set_ylim(low, high)
+        axis.yaxis.set_major_locator(FixedLocator(_speedup_ticks(low, high)))
+        axis.yaxis.set_major_formatter(lambda value, _: f"{value:g}")
+        axis.yaxis.set_minor_locator(NullLocator())
         axis.set_title(f"link {link.name}")
         axis.set_xlabel("workers")
     axes[0][0].set_ylabel("predicted speedup over none")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path

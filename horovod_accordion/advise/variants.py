@@ -34,24 +34,46 @@ class Variant:
         return None if self.compression is None else self.compression.levels[-1 if key == "high" else 0]
 
 
+ACCEPTED = ("accepted: none, fp16, powersgd:R (R a rank, e.g. powersgd:1), topk:F (F the fraction kept, "
+            "e.g. topk:0.01), accordion:powersgd:LOW/HIGH (e.g. accordion:powersgd:4/1) and "
+            "accordion:topk:LOW/HIGH (e.g. accordion:topk:0.99/0.1)")
+
+
+def _number(text, kind, what):
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{what} is not a number: {text!r}" if text else f"{what} is missing") from None
+
+
+def _variant(name, family, argument):
+    """The ``Variant`` that ``name`` spells, or None if it spells none."""
+    if family in ("none", "fp16") and not argument:
+        return Variant(name, cast=family)
+    if family == "powersgd":
+        return Variant(name, compression=PowerSGD(_number(argument, int, "the rank")))
+    if family == "topk":
+        return Variant(name, compression=TopK(_number(argument, float, "the fraction kept")))
+    if family == "accordion":
+        inner, _, levels = argument.partition(":")
+        low, _, high = levels.partition("/")
+        if inner == "powersgd":
+            return Variant(name, compression=PowerSGD(_number(low, int, "ℓ_low's rank"),
+                                                      _number(high, int, "ℓ_high's rank")))
+        if inner == "topk":
+            return Variant(name, compression=TopK(_number(low, float, "ℓ_low's fraction"),
+                                                  _number(high, float, "ℓ_high's fraction")))
+    return None
+
+
 def parse_variant(text):
+    """The ``Variant`` named on the command line; a ValueError that lists the accepted forms."""
     name = text.strip().lower()
     family, _, argument = name.partition(":")
     try:
-        if family in ("none", "fp16") and not argument:
-            return Variant(name, cast=family)
-        if family == "powersgd":
-            return Variant(name, compression=PowerSGD(int(argument)))
-        if family == "topk":
-            return Variant(name, compression=TopK(float(argument)))
-        if family == "accordion":
-            inner, _, levels = argument.partition(":")
-            low, _, high = levels.partition("/")
-            if inner == "powersgd":
-                return Variant(name, compression=PowerSGD(int(low), int(high)))
-            if inner == "topk":
-                return Variant(name, compression=TopK(float(low), float(high)))
-    except ValueError as error:
-        raise ValueError(f"compression {text!r}: {error}") from None
-    raise ValueError(f"unknown compression {text!r}: use none, fp16, powersgd:R, topk:F, "
-                     f"accordion:powersgd:LOW/HIGH or accordion:topk:LOW/HIGH")
+        variant = _variant(name, family, argument)
+    except ValueError as error:  # a number that does not parse, or levels the compression refuses
+        raise ValueError(f"compression {text!r}: {error}; {ACCEPTED}") from None
+    if variant is None:
+        raise ValueError(f"unknown compression {text!r}; {ACCEPTED}")
+    return variant

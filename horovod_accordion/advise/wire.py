@@ -41,7 +41,8 @@ def parse_link(text, latency_s=5e-6, shared_by=1):
     """``10gbit``, ``100mbit``, ``400gbit`` (bits per second, as tc writes them)."""
     match = _RATE.match(text.strip().lower())
     if not match:
-        raise ValueError(f"a link is a rate such as 10gbit, 100mbit or 400gbit, got {text!r}")
+        raise ValueError(f"link {text!r}: a link is a rate in bits per second as tc writes it, a number and "
+                         f"bit, kbit, mbit, gbit or tbit (e.g. 100mbit, 10gbit, 400gbit)")
     return Link(text.strip().lower(), float(match.group(1)) * _SCALE[match.group(2)], latency_s, shared_by)
 
 
