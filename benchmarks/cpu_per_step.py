@@ -6,6 +6,9 @@ advisor's profile (one process, collectives that return at once) cannot see.
     PYTHONPATH=. OMP_NUM_THREADS=1 horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py \
         --out benchmarks/results/cpu_per_step.json   # unlimited loopback, about 5 minutes on 2 cores
 
+``--link 100mbit --variants ...`` inside a link's network namespace (as ``speed.sh`` makes it)
+times a subset on that link; ``benchmarks/slow_link_cpu.sh`` runs the 100 Mbit/s one.
+
 Variants run interleaved in rounds, as in speed.py, so a drift of this shared machine's speed
 falls on all of them. "spinning wait" variants wait for our collectives in Horovod's own
 ``synchronize()``, as before 6461947, to compare the two waits in one job. Per-thread CPU time
@@ -75,11 +78,15 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--link", default="unlimited loopback", help="the link it runs on, for the record")
+    parser.add_argument("--variants", default=",".join(NAMES), help="comma-separated; speed.py's names, or with "
+                                                                   f"{SPINNING!r} after ours")
     parser.add_argument("--out")
     args = parser.parse_args()
     generator = start_job(master_port=29535)
-    variants = {name: Variant(name.removesuffix(SPINNING), *VARIANTS[name.removesuffix(SPINNING)]) for name in NAMES}
-    rounds = {name: [] for name in NAMES}
+    names = args.variants.split(",")
+    variants = {name: Variant(name.removesuffix(SPINNING), *VARIANTS[name.removesuffix(SPINNING)]) for name in names}
+    rounds = {name: [] for name in names}
     for _ in range(args.rounds):
         for name, variant in variants.items():
             horovod.allreduce(torch.zeros(1), name=f"cpu_per_step.barrier.{name}")
@@ -95,9 +102,9 @@ def main():
         if hvd.rank() == 0:
             print(name, results[name], flush=True)
     if hvd.rank() == 0 and args.out:
-        record = {"command": "PYTHONPATH=. OMP_NUM_THREADS=1 horovodrun -np 2 --gloo python benchmarks/cpu_per_step.py "
-                             "--out " + args.out,
-                  "ranks": hvd.size(), "batch_per_rank": BATCH, "link": "unlimited loopback",
+        record = {"command": os.environ.get("CPU_PER_STEP_COMMAND", "PYTHONPATH=. OMP_NUM_THREADS=1 horovodrun -np 2 "
+                                            "--gloo python benchmarks/cpu_per_step.py --out " + args.out),
+                  "ranks": hvd.size(), "batch_per_rank": BATCH, "link": args.link,
                   "timing": f"per rank (one value per rank in each list), the median over {args.rounds} rounds "
                             f"of {args.steps} steps each after {args.warmup} warm-up steps, variants interleaved",
                   "variants": results}

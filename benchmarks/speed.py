@@ -80,6 +80,8 @@ VARIANTS = {
     "ours none": ("ours", ours(hvd.Compression.none)),
     "ours fp16": ("ours", ours(hvd.Compression.fp16)),
     "ours powersgd r1": ("ours", ours(hvd.Compression.powersgd(1))),
+    # As torch's hook with its one bucket: everything after backward, nothing beside it.
+    "ours powersgd r1 one bucket": ("ours", ours(hvd.Compression.powersgd(1), bucket_cap_mb=None)),
     "ours powersgd r2": ("ours", ours(hvd.Compression.powersgd(2))),
     "ours powersgd r4": ("ours", ours(hvd.Compression.powersgd(4))),
     "ours accordion powersgd 2/1": ("ours", ours(hvd.Compression.powersgd(2, 1), **CHECKING)),
