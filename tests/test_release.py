@@ -111,3 +111,42 @@ def test_the_tensorflow_block_of_the_install_page_runs_from_the_wheel_as_written
     epochs = re.findall(r"<stdout>:epoch \d+: .* PowerSGD rank\(s\) \[([\d, ]+)\]", output)
     assert epochs and epochs[0] == "2" and "1" in epochs, epochs
     assert re.search(r"trained on 2 ranks with Accordion PowerSGD 2/1: \d+ checks", output), output[-3000:]
+
+
+def imported_distributions(path):
+    """The distributions whose modules ``path`` imports, at any depth, outside the standard library
+    and this project."""
+    from importlib.metadata import packages_distributions
+    import ast
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.add(node.module.split(".")[0])
+    owners = packages_distributions()
+    return {owners[m][0].lower().replace("_", "-") for m in modules
+            if m not in sys.stdlib_module_names and m in owners and m != "horovod_accordion"}
+
+
+def extras_requirements(*extras):
+    """The distributions that ``extras`` (and the install requirements) of setup.cfg bring."""
+    import configparser
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    lines = setup["options"]["install_requires"].split() + [
+        line for extra in extras for line in setup["options.extras_require"][extra].split()]
+    return {re.match(r"[A-Za-z0-9_.-]+", line).group().lower().replace("_", "-") for line in lines}
+
+
+@pytest.mark.parametrize("directory,extras", [
+    ("horovod_accordion/examples", ("torch", "tensorflow", "trainers")),
+    ("examples", ("torch", "tensorflow", "trainers", "examples", "plot")),
+])
+def test_no_example_imports_a_package_outside_its_extras(directory, extras):
+    # Horovod is the installer's (not an extra), and a framework brings its own dependencies.
+    allowed = extras_requirements(*extras) | {"horovod", "ray", "tensorflow", "keras"}
+    paths = sorted((REPO / directory).glob("*.py")) + ([REPO / "horovod_accordion" / "demo.py"]
+                                                      if directory.startswith("horovod") else [])
+    outside = {path.name: sorted(imported_distributions(path) - allowed) for path in paths}
+    assert not any(outside.values()), outside
