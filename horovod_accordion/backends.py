@@ -201,3 +201,7 @@ class CollectiveOps(Protocol):
 
     def take_bytes_sent(self) -> int:
         """The bytes sent since the last call."""
+
+    def agree_max(self, value: float, name: str) -> float:
+        """The largest ``value`` over ranks, on every rank: blocking, on the host (it reads no
+        device tensor), and not counted in the bytes sent (8 bytes, not the algorithm's traffic)."""

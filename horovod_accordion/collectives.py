@@ -46,6 +46,14 @@ class Collectives:
         """Whether this process takes part in the collectives: a Horovod process set may leave it out."""
         return True
 
+    def agree_max(self, value, name):
+        """The largest ``value`` over ranks, by the backend's allgather, which may be a device's:
+        the real backends agree on the host instead."""
+        counted = self.bytes_sent
+        gathered = self.start_allgather(self.tensors.from_floats([value]), name).wait()
+        self.bytes_sent = counted
+        return max(self.tensors.to_floats(gathered.reshape(-1)))
+
     def take_bytes_sent(self):
         """The bytes sent since the last call."""
         sent, self.bytes_sent = self.bytes_sent, 0

@@ -57,9 +57,22 @@ class BucketedExchange:
 
     def observe_lr(self, lr):
         """Before a step's first bucket only: its later phases must run at the levels it
-        started with, so a rate changed between backward and step counts from the next step."""
-        if not self.started and self.accordion.observe_lr(lr):
+        started with, so a rate changed between backward and step counts from the next step.
+        Where a decay would switch levels, the detector sees the largest rate over ranks: ranks
+        whose rates differ (a ``ReduceLROnPlateau`` stepped on each rank's own loss) would
+        otherwise switch apart and their collectives no longer match. One 8-byte host allreduce
+        per step, blocking; ``lr_decay_factor=None`` turns it off with the rule."""
+        if self.started:
+            return
+        if lr is not None and self._agrees_lr():
+            lr = self.collectives.agree_max(lr, "lr")
+        if self.accordion.observe_lr(lr):
             self.accordion.apply_levels(self.reducer)
+
+    def _agrees_lr(self):
+        accordion = self.accordion
+        return accordion.adaptive and accordion.detector.lr_decay_factor is not None and \
+            accordion.policy.reads_norms and self.collectives.included() and self.collectives.size() > 1
 
     def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided

@@ -45,6 +45,24 @@ class DistributedCollectives(Collectives):
     def __init__(self, tensors, process_group=None):
         super().__init__(tensors)
         self.process_group = process_group
+        self._host_values = None  # (group, device) of agree_max, chosen at its first call
+
+    def agree_max(self, value, name):
+        """The largest ``value`` over the group, on every rank, on the host: over the group itself
+        where it is Gloo's, else over a Gloo group of the default group's ranks, which every rank
+        makes at its first agreement (NCCL takes device tensors only). A NCCL subgroup has no
+        host way: there the agreement reads a device tensor."""
+        if self._host_values is None:
+            if dist.get_backend(self.process_group) == "gloo":
+                self._host_values = (self.process_group, "cpu")
+            elif self.size() == dist.get_world_size():
+                self._host_values = (dist.new_group(backend="gloo"), "cpu")
+            else:
+                self._host_values = (self.process_group, self.tensors.device)
+        group, device = self._host_values
+        agreed = torch.tensor([float(value)], dtype=torch.float64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        return float(agreed.cpu().numpy()[0])
 
     def size(self):
         return dist.get_world_size(self.process_group)

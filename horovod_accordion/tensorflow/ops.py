@@ -16,6 +16,11 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
     horovod_module = hvd
     as_tensor = staticmethod(tf.constant)
 
+    @staticmethod
+    def host_tensor(values):
+        with tf.device("/cpu:0"):
+            return tf.constant(values, dtype=tf.float64)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Counted by the traced step: a variable, read between steps.

@@ -49,6 +49,10 @@ class TorchCollectives(HorovodProcessSetCollectives):
     horovod_module = hvd
     as_tensor = staticmethod(torch.tensor)
 
+    @staticmethod
+    def host_tensor(values):
+        return torch.tensor(values, dtype=torch.float64, device="cpu")
+
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def start_allreduce_mean(self, flat, name, compression=None):
         """Start Horovod's asynchronous allreduce; the result's ``wait()`` gives the average."""

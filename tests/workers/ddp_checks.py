@@ -528,3 +528,18 @@ def check_a_trainer_checkpoint_gathers_every_ranks_state_on_the_first_rank_only(
     mine = restored.state_dict()["per_rank"]["reducer"]["memory"]
     theirs = state.state_dict()["per_rank"]["reducer"]["memory"]
     assert all(torch.equal(mine[i], theirs[i]) for i in mine)
+
+
+def check_ranks_whose_learning_rates_differ_switch_together():
+    """Rank 0's rate drops 10x at step 4, rank 1's at step 8 (a ReduceLROnPlateau stepped on each
+    rank's own loss): the hook reads each rank's own optimizer, and the detector sees the largest
+    rate, so the decay comes at step 8 on both ranks, whose levels stay alike."""
+    decay_steps = (4, 8)
+    model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0), lr=0.1, verify_levels=True)
+    for step in range(12):
+        for group in optimizer.param_groups:
+            group["lr"] = 0.01 if step >= decay_steps[dist.get_rank()] else 0.1
+        train(model, optimizer, 1, first=step)
+    decays = [(c["step"], c["lr"]) for c in state.accordion_stats()["checks"] if c["event"] == "lr_decay"]
+    assert decays == [(8, 0.01)], decays
+    return decays

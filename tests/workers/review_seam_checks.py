@@ -127,3 +127,55 @@ def check_keras_batch_switch_with_several_steps_per_execution_is_refused_at_fit(
         assert "steps_per_execution=1" in str(error), error
     else:
         raise AssertionError("batch_switch ran with steps_per_execution=2")
+
+
+# Item 10: rank 0's rate drops 10x at step 4, rank 1's at step 8, as a ReduceLROnPlateau stepped
+# on each rank's own loss would. The detector must see one rate on every rank: the largest, so the
+# decay comes at step 8, on both ranks at once.
+RANK_DECAY_STEPS = (4, 8)
+
+
+def rank_lr(step):
+    return 0.01 if step >= RANK_DECAY_STEPS[hvd.rank()] else 0.1
+
+
+def assert_one_decay_at_the_last_ranks_step(checks):
+    decays = [(c["step"], c["lr"]) for c in checks if c["event"] == "lr_decay"]
+    assert decays == [(max(RANK_DECAY_STEPS), 0.01)], decays
+    return decays
+
+
+def check_ranks_whose_learning_rates_differ_switch_together_torch():
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(2, 1, min_compression_rate=0),
+                                         window_steps=2, interval=1, verify_levels=True)
+    for step in range(12):
+        for group in optimizer.param_groups:
+            group["lr"] = rank_lr(step)
+        train_steps(model, optimizer, 1, first=step)
+    return assert_one_decay_at_the_last_ranks_step(optimizer.accordion_stats()["checks"])
+
+
+def check_ranks_whose_learning_rates_differ_switch_together_tensorflow():
+    import numpy as np
+    import horovod_accordion.tensorflow as hvd_tf
+
+    generator = np.random.default_rng(hvd_tf.rank())
+    weights = tf.Variable(np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32))
+    state = hvd_tf.AccordionState([weights], compression=hvd_tf.Compression.powersgd(2, 1, min_compression_rate=0),
+                                  window_steps=2, interval=1, verify_levels=True)
+
+    @tf.function
+    def train_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.matmul(x, weights)))
+        [grad] = hvd_tf.DistributedGradientTape(tape, accordion=state).gradient(loss, [weights])
+        weights.assign_sub(0.01 * grad)
+
+    for step in range(12):
+        state.observe_lr(rank_lr(step))
+        train_step(tf.constant(generator.standard_normal((4, 8)).astype(np.float32)))
+        state.step_end()
+    return assert_one_decay_at_the_last_ranks_step(state.accordion_stats()["checks"])
