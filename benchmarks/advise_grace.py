@@ -11,7 +11,7 @@ What is known:
 
 - The measurements (``MEASURED``): the authors' data release, sands-lab/grace-data,
   GRACE_data_release.pickle at commit 41915bb, median per configuration (one run each), as
-  extracted into /work/shared/data/grace_throughput.json; the rows of the two models and three
+  extracted in the design notes (shared/data/grace_throughput.json); the rows of the two models and three
   compressors are copied here, so the script needs no file outside the repository.
 - The two columns, from the authors' extraction script (pull_from_wandb.py in the same
   repository): ``throughput`` is the mean of the last 99 per-worker "images/sec" lines of the
@@ -95,7 +95,7 @@ SOURCE = {
     "paper": "Xu, Ho, Abdelmoniem, Dutta, Bergou, Karatsenidis, Canini, Kalnis: GRACE: A Compressed "
              "Communication Framework for Distributed Machine Learning (ICDCS 2021)",
     "data": "https://github.com/sands-lab/grace-data, GRACE_data_release.pickle at commit 41915bb, rows grouped "
-            "by configuration, median over runs (/work/shared/data/grace_throughput.json)",
+            "by configuration, median over runs (the design notes' shared/data/grace_throughput.json)",
     "code": "https://github.com/sands-lab/grace (grace_dl/tensorflow: compressor/powersgd.py, compressor/topk.py, "
             "communicator/allgather.py, helper.py); the columns: grace-data's pull_from_wandb.py",
 }

@@ -54,20 +54,31 @@ class BucketedExchange:
             if accordion.keeps_delta else None
         self.non_finite_counts = tensors.counters(len(params)) if accordion.adaptive else None
         self.started = {}  # bucket -> its BucketReduction, for the step in progress
+        self.lr_agreed = False  # whether this step (or micro-batch) has agreed its learning rate
 
     def observe_lr(self, lr):
         """Before a step's first bucket only: its later phases must run at the levels it
         started with, so a rate changed between backward and step counts from the next step.
+
         Where a decay would switch levels, the detector sees the largest rate over ranks: ranks
         whose rates differ (a ``ReduceLROnPlateau`` stepped on each rank's own loss) would
-        otherwise switch apart and their collectives no longer match. One 8-byte host allreduce
-        per step, blocking; ``lr_decay_factor=None`` turns it off with the rule."""
-        if self.started:
+        otherwise switch apart and their collectives no longer match. So the first call of a
+        step (or of a micro-batch, ``new_micro_batch``) is a collective, one 8-byte host
+        allreduce, and the step's later calls are ignored: whichever call comes first on a rank
+        (a hook, ``step()``, a trainer's callback), each rank agrees once. Every rank must call
+        it in every step, or none. ``lr_decay_factor=None`` turns the rule and the agreement off."""
+        if self.started or self.lr_agreed:
             return
         if lr is not None and self._agrees_lr():
             lr = self.collectives.agree_max(lr, "lr")
+            self.lr_agreed = True
         if self.accordion.observe_lr(lr):
             self.accordion.apply_levels(self.reducer)
+
+    def new_micro_batch(self):
+        """A micro-batch of a large batch begins: it observes the rate again (a decay switches to
+        the small batch at once)."""
+        self.lr_agreed = False
 
     def _agrees_lr(self):
         accordion = self.accordion
@@ -126,6 +137,7 @@ class BucketedExchange:
     def end_step(self, micro_batches=1, record=None, bytes_sent=None):
         """Count the step and log its bytes (by default what the collectives counted since the
         last step) and ``record``'s fields; close the window if the step completes one."""
+        self.lr_agreed = False
         window_complete = self.accordion.step_done(micro_batches)
         bytes_sent = self.collectives.take_bytes_sent() if bytes_sent is None else bytes_sent
         self.accordion.log.record_step(self.accordion.step, bytes_sent, **(record or {}))

@@ -70,6 +70,7 @@ class StepDriver:
     def new_micro_batch(self):
         """A new micro-batch begins: the next count is its own."""
         self._counted = None
+        self.exchange.new_micro_batch()
 
     @property
     def divisor(self):

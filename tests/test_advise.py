@@ -121,6 +121,8 @@ def _advise(*argv, env=None):
                                            "accordion:powersgd:LOW/HIGH", "accordion:topk:LOW/HIGH"]),
     (["--link", "10gb"], ["link '10gb'", "mbit, gbit or tbit", "10gbit"]),
     (["--workers", "4,sixteen"], ["world sizes are positive integers", "4,16,64"]),
+    (["--check-every", "0"], ["a positive integer, got '0'"]),
+    (["--low-fraction", "study:no/such/summary.json"], ["no/such/summary.json"]),
 ])
 def test_an_argument_mistake_is_an_argparse_error_that_lists_the_accepted_forms(argv, accepted, tmp_path):
     result = _advise(*argv, "--png", str(tmp_path / "advise.png"))

@@ -415,11 +415,12 @@ def hadamard_gradients(steps):
 def test_the_error_table_of_half_precision_gradients_is_the_float64_one(dtype, compression):
     """bf16 and fp16 gradients of bf16 and fp16 parameters: Δ is kept in fp32 (exact here), the
     error table is computed in fp32 and squared in fp64, and the policy reads it, within a
-    derived bound of the float64 table. TopK's residual is exact, so only fp32's sum of n
-    squares rounds: relative error ≤ (n + 3) u. PowerSGD's, with Q the first unit columns and Δ's
-    columns orthogonal: P is the normalised columns (one rounding each), and each entry of
-    Δ − P (Δᵀ P)ᵀ is within (m + n + 4) u of the entries it is made of, so the squared error
-    is within 2 (m + n + 4) u ‖Δ‖² (+ its square) of the float64 one."""
+    derived bound of the float64 table. TopK's residual is exact, so only fp32's sum of its n
+    squares rounds: relative error ≤ (n + 3) u. PowerSGD's, with Q the first r unit columns and
+    Δ's columns orthogonal: P = qr(Δ Q) has a backward error of O(m r u) (Householder), the
+    products Δᵀ P and P (Δᵀ P)ᵀ add (m + r) u per entry, relative to ‖Δ‖, and the fp32 sum of the
+    residual's m n squares adds m n u of ‖Δ‖²: within (m n + 2 (m r + m + n + r + 4)) u ‖Δ‖² (+ its
+    square over ‖Δ‖²) of the float64 error."""
     steps = 2
     schedule = Accordion(["w", "b", "v"], compression.levels, compressed_layers=[0, 2], policy="error_budget",
                          interval=1, window_steps=steps)
@@ -443,7 +444,9 @@ def test_the_error_table_of_half_precision_gradients_is_the_float64_one(dtype, c
             if isinstance(compression, PowerSGD):
                 p = m[:, :level] / np.linalg.norm(m[:, :level], axis=0)
                 expected = np.sum((m - p @ (p.T @ m)) ** 2)
-                slack = 2 * (sum(m.shape) + 4) * UNIT_ROUNDOFF_FP32 * np.sum(m ** 2)
+                rows, columns = m.shape
+                slack = (rows * columns + 2 * (rows * level + rows + columns + level + 4)) * UNIT_ROUNDOFF_FP32 \
+                    * np.sum(m ** 2)
                 bound = slack + slack ** 2 / np.sum(m ** 2)
             else:
                 squares = np.sort(m.reshape(-1) ** 2)[::-1]

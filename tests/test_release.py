@@ -68,7 +68,7 @@ def run_as_a_user(commands, directory, wheel):
            if key not in ("PYTHONPATH", "VIRTUAL_ENV") and not key.startswith("OMP_")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
                                   if not p.startswith(str(REPO)) and p != str(pathlib.Path(sys.executable).parent))
-    env["RAY_DISABLE_USAGE_STATS"] = "1"  # Ray's prompt otherwise; a user answers it once
+    env["RAY_DISABLE_USAGE_STATS"] = "1"  # no usage report from a test machine (and no internet here)
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=directory, env=env,
                             capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr

@@ -33,6 +33,17 @@ def _integers(what, example):
     return parse
 
 
+def _positive(text):
+    """An argparse type: one positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, got {text!r}")
+    return value
+
+
 def _compressions(text):
     try:
         return [parse_variant(name) for name in text.split(",")]
@@ -80,7 +91,10 @@ def _profile(parser, args, variants, workers):
         factory, shape, batch = KNOWN[args.model]
     elif ":" in args.model:
         module, _, function = args.model.partition(":")
-        factory, shape, batch = getattr(importlib.import_module(module), function), None, None
+        try:
+            factory, shape, batch = getattr(importlib.import_module(module), function), None, None
+        except (ImportError, AttributeError) as error:
+            parser.error(f"argument --model: cannot import {args.model!r}: {error}")
     else:
         parser.error(f"argument --model: one of {sorted(KNOWN)} or an importable factory module:function, "
                      f"got {args.model!r}")
@@ -109,10 +123,10 @@ def main(argv=None):
     source.add_argument("--profile", help="predict offline from this saved JSON profile")
     parser.add_argument("--input-shape", type=_integers("a sample's dimensions", "3,224,224"),
                         help="one sample's shape, e.g. 3,32,32")
-    parser.add_argument("--batch", type=int, help="batch per worker")
+    parser.add_argument("--batch", type=_positive, help="batch per worker")
     parser.add_argument("--device", default="cpu", help="where to profile: cpu or cuda")
-    parser.add_argument("--threads", type=int, help="torch threads while profiling (default: torch's)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of everything measured")
+    parser.add_argument("--threads", type=_positive, help="torch threads while profiling (default: torch's)")
+    parser.add_argument("--repeats", type=_positive, default=5, help="timed repeats of everything measured")
     parser.add_argument("--save-profile", help="write the measured profile here")
     parser.add_argument("--profile-workers", type=_integers("world sizes", "2,8"), default=[],
                         help="more world sizes to record in a saved profile")
@@ -122,14 +136,14 @@ def main(argv=None):
     parser.add_argument("--link", type=_links, default="10gbit,25gbit,100gbit,400gbit",
                         help="per-rank link rates, e.g. 10gbit,100mbit")
     parser.add_argument("--latency-us", type=float, default=5.0, help="latency per hop (α), microseconds")
-    parser.add_argument("--shared-by", type=int, default=1, help="ranks sharing one link (1 on a switched network)")
+    parser.add_argument("--shared-by", type=_positive, default=1, help="ranks sharing one link (1 on a switched network)")
     parser.add_argument("--algorithm", choices=["ring", "tree"], default="ring",
                         help="allreduce algorithm; tree: NCCL's, with 2·log2(W) latency steps")
     parser.add_argument("--layout", choices=LAYOUTS, default="horovod",
                         help="our Horovod optimizer's buckets, or DDP's (our DDP hook)")
     parser.add_argument("--low-fraction", type=_low_fraction, default="0.5",
                         help="Accordion's fraction of steps at ℓ_low: a number, or study:PATH/summary.json")
-    parser.add_argument("--check-every", type=int, default=1, help="steps per Accordion check (window_steps·interval)")
+    parser.add_argument("--check-every", type=_positive, default=1, help="steps per Accordion check (window_steps·interval)")
     parser.add_argument("--png", default="advise.png", help="where to write the speedup plot")
     args = parser.parse_args(argv)
 
@@ -151,8 +165,11 @@ def main(argv=None):
         fraction = 0.0
         if variant.adaptive:
             family = type(variant.compression).__name__.lower()
-            fraction = low_fraction_from_study(args.low_fraction.removeprefix("study:"), family) \
-                if args.low_fraction.startswith("study:") else float(args.low_fraction)
+            try:
+                fraction = low_fraction_from_study(args.low_fraction.removeprefix("study:"), family) \
+                    if args.low_fraction.startswith("study:") else float(args.low_fraction)
+            except (OSError, ValueError, KeyError) as error:
+                parser.error(f"argument --low-fraction: {error}")
         for link in links:
             for w in args.workers:
                 try:

@@ -45,21 +45,11 @@ class DistributedCollectives(Collectives):
     def __init__(self, tensors, process_group=None):
         super().__init__(tensors)
         self.process_group = process_group
-        self._host_values = None  # (group, device) of agree_max, chosen at its first call
 
     def agree_max(self, value, name):
-        """The largest ``value`` over the group, on every rank, on the host: over the group itself
-        where it is Gloo's, else over a Gloo group of the default group's ranks, which every rank
-        makes at its first agreement (NCCL takes device tensors only). A NCCL subgroup has no
-        host way: there the agreement reads a device tensor."""
-        if self._host_values is None:
-            if dist.get_backend(self.process_group) == "gloo":
-                self._host_values = (self.process_group, "cpu")
-            elif self.size() == dist.get_world_size():
-                self._host_values = (dist.new_group(backend="gloo"), "cpu")
-            else:
-                self._host_values = (self.process_group, self.tensors.device)
-        group, device = self._host_values
+        """The largest ``value`` over the group, on every rank, on the host where the group allows
+        it: see ``host_values_group``."""
+        group, device = host_values_group(self.process_group, self.tensors.device)
         agreed = torch.tensor([float(value)], dtype=torch.float64, device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         return float(agreed.cpu().numpy()[0])
@@ -103,3 +93,22 @@ class DistributedCollectives(Collectives):
         total = torch.tensor([count], dtype=torch.int64, device=self.tensors.device)
         dist.all_reduce(total, group=self.process_group)
         return int(total.item())
+
+
+_HOST_GROUPS = {}  # process group -> (group, device) for values that the host reads
+
+
+def host_values_group(process_group, device):
+    """Where ``process_group``'s ranks reduce a value that the host reads: the group itself where
+    its backend has Gloo (CPU tensors), else one Gloo group of the default group's ranks, made
+    once per process at the first call, on every rank (NCCL takes device tensors only); a NCCL
+    subgroup has no host way, and reduces on ``device``."""
+    key = process_group if process_group is not None else dist.group.WORLD  # a new one after a re-init
+    if key not in _HOST_GROUPS:
+        if "gloo" in str(dist.get_backend(process_group)):
+            _HOST_GROUPS[key] = (process_group, "cpu")
+        elif dist.get_world_size(process_group) == dist.get_world_size():
+            _HOST_GROUPS[key] = (dist.new_group(backend="gloo"), "cpu")
+        else:
+            _HOST_GROUPS[key] = (process_group, device)
+    return _HOST_GROUPS[key]

@@ -240,7 +240,9 @@ class AccordionState:
         return self._exchange.accordion.named_levels if self.bound else {}
 
     def observe_lr(self, lr):
-        """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given)."""
+        """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given).
+        A collective where the decay rule can switch levels (the rate is agreed over ranks, see
+        ``BucketedExchange.observe_lr``): call it on every rank, at the same points."""
         if self.bound:
             self._steps.observe_lr(lr)
         else:

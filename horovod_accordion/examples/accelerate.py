@@ -23,7 +23,7 @@ def main():
     # Without cpu=True, a machine without GPUs runs each process alone (no DDP).
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, size = accelerator.process_index, accelerator.num_processes
-    x_train, y_train, x_test, y_test = shards(rank, size)
+    x_train, y_train, x_test, y_test = (t.to(accelerator.device) for t in shards(rank, size))
     model = mlp()
     optimizer, scheduler = sgd_with_step_decay(model.parameters(), args, size)
     # Each rank keeps its own shard: the data is not prepared (Accelerate would shard it again).

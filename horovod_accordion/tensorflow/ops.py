@@ -18,8 +18,12 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
 
     @staticmethod
     def host_tensor(values):
+        return tf.constant(values, dtype=tf.float64)
+
+    def agree_max(self, value, name):
+        """On the host: eager TF would place Horovod's op on a GPU where there is one."""
         with tf.device("/cpu:0"):
-            return tf.constant(values, dtype=tf.float64)
+            return super().agree_max(value, name)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

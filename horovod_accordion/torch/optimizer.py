@@ -240,10 +240,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               f"apart. Rebuild the optimizer after unfreezing it", RuntimeWarning)
 
     def _observe_lr(self):
-        """Idempotent: called per micro-batch in batch mode, so a decay switches to the
-        small batch at once instead of after the current large batch. Not once this step's
-        buckets have started: their later phases must run at the levels they started with,
-        so a rate changed between backward and step counts from the next step."""
+        """Before the step's first bucket (in batch mode, the micro-batch's count observes it
+        first, so a decay switches to the small batch at once). Once per step: see
+        ``BucketedExchange.observe_lr``."""
         self._steps.observe_lr(self.param_groups[0]["lr"])
 
     def _dense_grad(self, p):
@@ -297,7 +296,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._steps.count_micro_batch(self.param_groups[0]["lr"])
 
     def step(self, closure=None):
-        self._observe_lr()
         if self._steps.switches_batch and not self._count_micro_batch():
             self._steps.new_micro_batch()
             self._hold_micro_batch()

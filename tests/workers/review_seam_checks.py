@@ -179,3 +179,45 @@ def check_ranks_whose_learning_rates_differ_switch_together_tensorflow():
         train_step(tf.constant(generator.standard_normal((4, 8)).astype(np.float32)))
         state.step_end()
     return assert_one_decay_at_the_last_ranks_step(state.accordion_stats()["checks"])
+
+
+def check_the_rate_is_agreed_once_per_step_whatever_calls_observe_it():
+    """Each rank agrees once per step, whether its first observation comes from a gradient hook,
+    from ``synchronize()`` (a bucket that no hook started: a branch only rank 0 runs) or from
+    ``step()`` after an explicit ``synchronize()``: one more on one rank was a deadlock."""
+    from horovod_accordion.torch import ops
+    from tests.workers.torch_checks import Mixed
+
+    agree_max, agreements = ops.TorchCollectives.agree_max, []
+
+    def counted(collectives, value, name):
+        agreements.append(value)
+        return agree_max(collectives, value, name)
+
+    def run(model, width, explicit_synchronize):
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters(),
+                                             compression=Compression.powersgd(2, 1, min_compression_rate=0),
+                                             window_steps=2, interval=1)
+        agreements.clear()
+        for step in range(3):
+            x, _ = rank_batch(step)
+            optimizer.zero_grad()
+            model(x[:, :width]).float().square().mean().backward()
+            if explicit_synchronize:
+                optimizer.synchronize()
+                with optimizer.skip_synchronize():
+                    optimizer.step()
+            else:
+                optimizer.step()
+        return len(agreements)
+
+    ops.TorchCollectives.agree_max = counted
+    try:
+        counts = {name: run(model, width, explicit) for name, model, width, explicit in (
+            ("hooks", make_model(), 20, False), ("explicit synchronize", make_model(), 20, True),
+            ("a branch rank 0 alone runs", Mixed(), 8, False))}
+    finally:
+        ops.TorchCollectives.agree_max = agree_max
+    assert counts == {"hooks": 3, "explicit synchronize": 3, "a branch rank 0 alone runs": 3}, counts
+    return counts
