@@ -7,7 +7,6 @@ Accordion's communication hook. PowerSGD runs at rank 2 (ℓ_low) in critical re
 rank 1 (ℓ_high) elsewhere; each check prints every layer's level. ``--plots DIR`` draws the
 run's norms and levels from its log (``python -m horovod_accordion.plot`` does the same).
 """
-import argparse
 import os
 import pathlib
 import tempfile
@@ -18,20 +17,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, accordion_hook
-from horovod_accordion.examples.ddp_loop import COMPRESSIONS
+from horovod_accordion.examples.ddp_loop import COMPRESSIONS, argument_parser, train_epoch
 from example_data import digits_shards
 from progress import epochs_bar, show, write_checks
-from torch_epoch import train_epoch
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--decay-epoch", type=int, default=10, help="the LR drops 10x here")
-    parser.add_argument("--interval", type=int, default=2, help="epochs between Accordion checks")
-    parser.add_argument("--compression", choices=list(COMPRESSIONS), default="accordion")
+    parser = argument_parser(__doc__)
     parser.add_argument("--plots", metavar="DIR", help="rank 0 draws the run's norms and levels here")
     return parser.parse_args()
 

@@ -13,9 +13,9 @@ import json
 import torch
 
 import horovod_accordion.torch as hvd
+from horovod_accordion.examples.ddp_loop import train_epoch
 from example_data import digits_shards
 from progress import epochs_bar, show
-from torch_epoch import train_epoch
 
 
 def parse_args():

@@ -32,10 +32,10 @@ def main():
                                                                   interval=args.interval), optimizer)
     report = Report(state, rank, args.compression)
     for epoch in range(args.epochs):
-        loss = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch, accelerator.backward)
+        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch, accelerator.backward)
         scheduler.step()
         state.end_epoch()
-        report.epoch(epoch, loss, accuracy(model, x_test, y_test))
+        report.epoch(epoch, losses, accuracy(model, x_test, y_test))
     report.end(accuracy(model, x_test, y_test))
     accelerator.end_training()
 

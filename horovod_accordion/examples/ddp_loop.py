@@ -1,5 +1,5 @@
-"""What the DDP-based examples share: their compressions, arguments, model, data, epoch and
-report, so that each example shows only its trainer's part."""
+"""What the torch examples share: the DDP examples' compressions, arguments, model, data and
+report, and every torch example's epoch, so that each example shows only its trainer's part."""
 import argparse
 
 import torch
@@ -46,7 +46,7 @@ def sgd_with_step_decay(parameters, args, size):
 
 
 def train_epoch(model, optimizer, x_train, y_train, batch_size, epoch, backward=torch.Tensor.backward):
-    """Shuffled mini-batches (the same order on every rank); returns the mean loss."""
+    """Shuffled mini-batches (the same order on every rank); returns their losses."""
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
     losses = []
     for batch in order.split(batch_size):
@@ -55,7 +55,7 @@ def train_epoch(model, optimizer, x_train, y_train, batch_size, epoch, backward=
         backward(loss)
         optimizer.step()
         losses.append(loss.item())
-    return sum(losses) / len(losses)
+    return losses
 
 
 def accuracy(model, x_test, y_test):
@@ -70,8 +70,9 @@ class Report:
         self.state, self.rank, self.compression = state, rank, compression
         self.checks_printed = 0
 
-    def epoch(self, epoch, loss, test_accuracy):
-        """After the epoch's window closed."""
+    def epoch(self, epoch, losses, test_accuracy):
+        """After the epoch's window closed; ``losses``: the epoch's, or its mean alone."""
+        loss = sum(losses) / len(losses)
         print(f"[rank {self.rank}] epoch {epoch:2d}  loss {loss:.4f}  test accuracy {test_accuracy:.3f}", flush=True)
         checks = self.state.accordion_stats()["checks"]
         if self.rank == 0:

@@ -57,7 +57,7 @@ class ReportEpochs(pl.Callback):
         self.report = Report(self.state, trainer.global_rank, self.compression)
 
     def on_train_epoch_end(self, trainer, pl_module):
-        self.report.epoch(trainer.current_epoch, float(trainer.callback_metrics["loss"]), pl_module.test_accuracy())
+        self.report.epoch(trainer.current_epoch, [float(trainer.callback_metrics["loss"])], pl_module.test_accuracy())
 
     def on_fit_end(self, trainer, pl_module):
         self.report.end(pl_module.test_accuracy())

@@ -41,12 +41,12 @@ def train_loop_per_worker(args):
                                                     interval=args.interval), optimizer)
     epochs = Report(state, rank, args.compression)
     for epoch in range(args.epochs):
-        loss = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
+        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
         scheduler.step()
         state.end_epoch()
         test_accuracy = accuracy(model, x_test, y_test)
-        report(state, {"epoch": epoch, "loss": loss, "accuracy": test_accuracy})
-        epochs.epoch(epoch, loss, test_accuracy)
+        report(state, {"epoch": epoch, "loss": sum(losses) / len(losses), "accuracy": test_accuracy})
+        epochs.epoch(epoch, losses, test_accuracy)
     epochs.end(test_accuracy)
 
 
