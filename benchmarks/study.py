@@ -2,9 +2,13 @@
 
     python benchmarks/study.py --dataset mnist1d --model cnn1d --seeds 0 1 2 3 4
     python benchmarks/study.py --dataset cifar10 --data-dir /data --model cnn2d --seeds 0 1 2
+    python benchmarks/study.py --setting stdlib-transformer --workers 2 --epochs 30 \
+        --powersgd-levels 16 4 --powersgd-ladder 16 8 4 --seeds 0 1 2 [--optimizer sgd] [--precision bf16]
 
-Each run is ``examples/pytorch_train.py`` on ``--workers`` Gloo ranks; its per-epoch JSONL
-record goes to ``benchmarks/results/study/SETTING/runs/ROW/seedK.jsonl``. A run whose
+Each run is ``examples/pytorch_train.py`` (the transformer: ``examples/transformer_lm.py``,
+whose epochs are windows of steps, scored by validation loss) on ``--workers`` Gloo ranks;
+its per-epoch JSONL record goes to ``benchmarks/results/study/SETTING/runs/ROW/seedK.jsonl``
+(the transformer's SETTING names its recipe: ``stdlib-transformer-adamw-fp32``). A run whose
 record ends with its ``done`` line is not run again, so a study can be spread over several
 invocations (and stopped at any time). After the runs, the study writes ``summary.json``,
 ``summary.md`` and the PNGs into the setting's folder, from every finished run.
@@ -21,12 +25,25 @@ import shlex
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 from tqdm import tqdm
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "study"
-TRAIN = REPO / "examples" / "pytorch_train.py"
+
+
+class Program(NamedTuple):
+    """A setting's training program and how the study drives and scores it."""
+    path: pathlib.Path
+    length: str  # the argument of the run's length
+    metric: str  # of the ``done`` record
+    higher_is_better: bool
+    levers: bool  # has the batch switch and the detector's levers
+
+
+CLASSIFIER = Program(REPO / "examples" / "pytorch_train.py", "--epochs", "test_accuracy", True, True)
+TRANSFORMER = Program(REPO / "examples" / "transformer_lm.py", "--windows", "validation_loss", False, False)
 
 LEVERS = {  # variant name: the extra arguments of the Accordion row
     "interval=1": ["--interval", "1"],
@@ -58,6 +75,8 @@ def rows_of(args):
                   levels + [str(low), str(high)])]
         rows += [(family, policy, "default", list(ladders[family]), f"{family}-{policy.replace('_', '-')}",
                   levels + ladder + ["--policy", policy]) for policy in ("error_budget", "phase")]
+    if not args.program.levers:
+        return rows
     small, multiplier = config["batch"][0], config["batch"][1]
     batch = ["--compression", "none", "--batch-switch", str(multiplier)]
     rows += [("batch", "small", "default", [small, small], *uncompressed),
@@ -113,6 +132,13 @@ def run_once(command, log_path, timeout):
     return False
 
 
+def program_arguments(args):
+    if args.program is TRANSFORMER:
+        return ["--optimizer", args.optimizer, "--precision", args.precision]
+    return ["--dataset", args.dataset, "--model", args.model,
+            *(["--data-dir", args.data_dir] if args.data_dir else [])]
+
+
 def run_study(args, rows):
     folder = args.results / args.setting
     horovodrun = str(pathlib.Path(sys.executable).parent / "horovodrun")
@@ -121,9 +147,8 @@ def run_study(args, rows):
         for row in rows:
             path = folder / "runs" / row[4] / f"seed{seed}.jsonl"
             if path not in [p for p, _ in todo] and not finished(path):
-                command = [horovodrun, "-np", str(args.workers), "--gloo", sys.executable, str(TRAIN),
-                           "--dataset", args.dataset, "--model", args.model, "--epochs", str(args.epochs),
-                           *(["--data-dir", args.data_dir] if args.data_dir else []),
+                command = [horovodrun, "-np", str(args.workers), "--gloo", sys.executable, str(args.program.path),
+                           *program_arguments(args), args.program.length, str(args.epochs),
                            "--seed", str(seed), "--no-progress", *row[5]]
                 todo.append((path, command))
     print(f"runs to do: {len(todo)}", flush=True)
@@ -147,7 +172,8 @@ def summarize(args, rows, command):
     if command not in commands and not args.summarize_only:
         commands.append(command)
         history.write_text("\n".join(commands) + "\n")
-    summary_rows, curves = [], {}
+    metric, digits = args.program.metric, 2 if args.program.higher_is_better else 4
+    summary_rows, curves, config = [], {}, None
     for row in rows:
         family, setting, variant, levels, run, _ = row
         runs = {}
@@ -157,25 +183,39 @@ def summarize(args, rows, command):
                 runs[int(path.stem[4:])] = records
         if not runs:
             continue
+        config = config or runs[min(runs)][0]
         done = [records[-1] for records in runs.values()]
-        accuracy = [r["test_accuracy"] for r in done]
+        scores = [r[metric] for r in done]
         summary_rows.append({
             "family": family, "setting": setting, "variant": variant, "levels": levels,
-            "seeds": sorted(runs), "test_accuracy_mean": round(_mean(accuracy), 2),
-            "test_accuracy_std": round(_std(accuracy), 2),
+            "seeds": sorted(runs), f"{metric}_mean": round(_mean(scores), digits),
+            f"{metric}_std": round(_std(scores), digits),
             "bytes_per_rank_mean": _mean([r["bytes_sent_per_rank"] for r in done]),
             "wall_time_s_mean": round(_mean([r["wall_time_s"] for r in done]), 1)})
-        curves[row_name(row)] = [[e["test_accuracy"] for e in records if e["event"] == "epoch"]
+        if len(set(levels)) > 1 and config.get("layer_types"):
+            summary_rows[-1].update(levels_by_layer_type(runs.values(), config["layer_types"], levels[0]))
+        curves[row_name(row)] = [[e[metric] for e in records if e["event"] == "epoch"]
                                  for records in runs.values()]
     reference = {r["family"]: r["bytes_per_rank_mean"] for r in summary_rows
                  if r["setting"] in ("low", "small") and r["variant"] == "default"}
+    uncompressed = next((r[f"{metric}_mean"] for r in summary_rows if r["setting"] in ("uncompressed", "small")), None)
     for r in summary_rows:
         r["bytes_vs_low"] = round(r["bytes_per_rank_mean"] / reference[r["family"]], 3) \
             if r["family"] in reference else None
+        r["distance_to_uncompressed"] = None if uncompressed is None \
+            else round(r[f"{metric}_mean"] - uncompressed, digits)
     summary = {"command": " && ".join(commands), "dataset": args.dataset, "model": args.model,
                "workers": args.workers, "epochs": args.epochs, "rows": summary_rows}
+    if args.program is TRANSFORMER:
+        summary.update({"metric": metric, "optimizer": args.optimizer, "precision": args.precision,
+                        "data": config and config["data"],
+                        "recipe": config and {key: config[key] for key in (
+                            "steps_per_window", "batch_size", "context", "width", "layers", "heads", "lr",
+                            "warmup_steps", "weight_decay", "interval")}})
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     pngs = plot.study_figures(summary, curves, folder)
+    if any("mean_level_by_layer_type" in r for r in summary_rows):
+        pngs += plot.layer_type_figures(summary, curves, folder)
     example = folder / "runs" / "powersgd-accordion" / f"seed{args.seeds[0]}.jsonl"
     if finished(example):
         pngs += plot.run_figures(example, folder, prefix="powersgd-accordion-")
@@ -183,20 +223,50 @@ def summarize(args, rows, command):
     return summary
 
 
+def levels_by_layer_type(runs, layer_types, low):
+    """Which level an adaptive row chose for each layer type (of the compressed layers):
+    the mean level per epoch over the type's layers and the seeds, and the share of the
+    (layer, epoch) pairs at ℓ_low."""
+    by_type = {}
+    for records in runs:
+        epochs = [r["levels"] for r in records if r["event"] == "epoch"]
+        for name in epochs[0]:
+            by_type.setdefault(layer_types[name], []).append([levels[name] for levels in epochs])
+    return {"mean_level_by_layer_type": {kind: [round(_mean(column), 2) for column in zip(*series)]
+                                         for kind, series in by_type.items()},
+            "low_share_by_layer_type": {kind: round(_mean([level == low for one in series for level in one]), 3)
+                                        for kind, series in by_type.items()}}
+
+
+METRIC_LABELS = {"test_accuracy": ("final test accuracy", "test accuracy (%)", 1),
+                 "validation_loss": ("final validation loss in nats per byte", "validation loss (nats/byte)", 4)}
+
+
 def summary_markdown(summary, pngs):
-    lines = [f"# {summary['dataset']} / {summary['model']}: {summary['workers']} workers, {summary['epochs']} epochs",
-             "", f"Command: `{summary['command']}`", "",
-             "Final test accuracy, mean ± std over the seeds; bytes each rank sent over the whole run "
-             "(gradients and Accordion's norm reductions); the ratio to static ℓ_low (small batch for the "
-             "batch family); the training time per run.", "",
-             "| family | setting | variant | levels | seeds | test accuracy (%) | MB sent per rank | bytes vs ℓ_low "
-             "| train time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    metric = summary.get("metric", "test_accuracy")
+    sentence, column, digits = METRIC_LABELS[metric]
+    recipe = f", {summary['optimizer']}, {summary['precision']}" if "optimizer" in summary else ""
+    lines = [f"# {summary['dataset']} / {summary['model']}{recipe}: {summary['workers']} workers, "
+             f"{summary['epochs']} epochs", "", f"Command: `{summary['command']}`", "",
+             f"The {sentence}, mean ± std over the seeds, and its distance to uncompressed; bytes each rank "
+             "sent over the whole run (gradients and Accordion's norm reductions); the ratio to static ℓ_low "
+             "(small batch for the batch family); the training time per run.", "",
+             f"| family | setting | variant | levels | seeds | {column} | − uncompressed | MB sent per rank "
+             "| bytes vs ℓ_low | train time (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         levels = "–" if r["levels"][0] is None else "/".join(f"{level:g}" for level in r["levels"])
         ratio = "–" if r["bytes_vs_low"] is None else f"{r['bytes_vs_low']:.2f}×"
+        distance = "–" if r["distance_to_uncompressed"] is None else f"{r['distance_to_uncompressed']:+.{digits}f}"
         lines.append(f"| {r['family']} | {r['setting']} | {r['variant']} | {levels} | {len(r['seeds'])} | "
-                     f"{r['test_accuracy_mean']:.1f} ± {r['test_accuracy_std']:.1f} | "
+                     f"{r[metric + '_mean']:.{digits}f} ± {r[metric + '_std']:.{digits}f} | {distance} | "
                      f"{r['bytes_per_rank_mean'] / 1e6:.2f} | {ratio} | {r['wall_time_s_mean']:.0f} |")
+    shares = [r for r in summary["rows"] if "low_share_by_layer_type" in r]
+    if shares:
+        kinds = list(shares[0]["low_share_by_layer_type"])
+        lines += ["", "Share of the (layer, epoch) pairs each adaptive row spent at ℓ_low, per layer type:", "",
+                  "| family | setting | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+        lines += [f"| {r['family']} | {r['setting']} | " + " | ".join(
+            f"{r['low_share_by_layer_type'][kind]:.2f}" for kind in kinds) + " |" for r in shares]
     lines += ["", *[f"![{png.stem}]({png.name})" for png in pngs], ""]
     return "\n".join(lines)
 
@@ -218,7 +288,9 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", default="mnist1d", help="as examples/pytorch_train.py takes it")
     parser.add_argument("--model", default="cnn1d", help="as examples/pytorch_train.py takes it")
     parser.add_argument("--data-dir", help="for cifar10: the folder holding cifar-10-batches-py")
-    parser.add_argument("--setting", help="shorthand for DATASET-MODEL, e.g. mnist1d-cnn1d-wide")
+    parser.add_argument("--setting", help="shorthand for DATASET-MODEL, e.g. mnist1d-cnn1d-wide or stdlib-transformer")
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="the transformer's")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the transformer's")
     parser.add_argument("--powersgd-levels", type=int, nargs=2, default=(4, 1), metavar=("LOW", "HIGH"))
     parser.add_argument("--topk-levels", type=float, nargs=2, default=(0.5, 0.1), metavar=("LOW", "HIGH"))
     parser.add_argument("--powersgd-ladder", type=int, nargs="+", default=(4, 2, 1), help="for the policies' rows")
@@ -234,7 +306,12 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.setting:
         args.dataset, args.model = args.setting.split("-", 1)
+    args.program = TRANSFORMER if args.model == "transformer" else CLASSIFIER
+    if args.program is TRANSFORMER and args.dataset != "stdlib":
+        parser.error("the transformer trains on the standard library's sources: --setting stdlib-transformer")
     args.setting = f"{args.dataset}-{args.model}"  # the results folder
+    if args.program is TRANSFORMER:
+        args.setting += f"-{args.optimizer}-{args.precision}"
     return args
 
 

@@ -9,17 +9,24 @@ decays). For one run it draws:
 - ``norm.png``: one layer's accumulated-gradient norm at each check, the critical regimes
   (ℓ_low) shaded and the learning rate on a second axis, as in the paper's Figure 2a;
 - ``levels.png``: a heat map of each layer's level over time;
-- ``accuracy.png``: test accuracy per epoch (training records only).
+- ``accuracy.png`` (or ``validation_loss.png``, the transformer's): the score per epoch
+  (training records only).
 
-The study (``benchmarks/study.py``) adds, per setting, the accuracy of every setting of a
-family over epochs with a ±1 std band over seeds, and accuracy against bytes sent.
+The study (``benchmarks/study.py``) adds, per setting, the score of every setting of a
+family over epochs with a ±1 std band over seeds, and the score against bytes sent; where
+the runs record their layers' types (the transformer), each family's loss curves with the
+level each adaptive policy chose per layer type under them.
 """
 
 import argparse
 import json
 import pathlib
 
-__all__ = ["read_log", "run_figures", "study_figures"]
+__all__ = ["read_log", "run_figures", "study_figures", "layer_type_figures"]
+
+# A record's score per epoch: (file stem, axis label, higher is better).
+METRICS = {"test_accuracy": ("accuracy", "test accuracy (%)", True),
+           "validation_loss": ("validation_loss", "validation loss (nats per byte)", False)}
 
 
 def read_log(path):
@@ -116,23 +123,31 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
         written.append(_save(figure, out_dir / f"{prefix}levels.png"))
 
     if epochs:
+        metric = _metric_of(epochs[0])
+        stem, label, _ = METRICS[metric]
         figure, ax = plt.subplots(figsize=(7, 4))
-        ax.plot([r["epoch"] for r in epochs], [r["test_accuracy"] for r in epochs])
+        ax.plot([r["epoch"] for r in epochs], [r[metric] for r in epochs])
         ax.set_xlabel("epoch")
-        ax.set_ylabel("test accuracy (%)")
-        written.append(_save(figure, out_dir / f"{prefix}accuracy.png"))
+        ax.set_ylabel(label)
+        written.append(_save(figure, out_dir / f"{prefix}{stem}.png"))
     return written
+
+
+def _metric_of(record):
+    return next(metric for metric in METRICS if metric in record)
 
 
 _POLICY_COLORS = {"accordion": "tab:red", "error_budget": "tab:green", "phase": "tab:purple"}
 
 
 def study_figures(summary, curves, out_dir):
-    """Accuracy over epochs per family (mean ± 1 std over seeds, main rows) and accuracy
-    against bytes sent (every row). ``curves``: {"family/setting/variant": [per-seed accuracies]}."""
+    """The score over epochs per family (mean ± 1 std over seeds, main rows) and the score
+    against bytes sent (every row). ``curves``: {"family/setting/variant": [per-seed scores]}."""
     import numpy as np
 
     plt = _pyplot()
+    metric = summary.get("metric", "test_accuracy")
+    stem, label, higher_is_better = METRICS[metric]
     out_dir = pathlib.Path(out_dir)
     written = []
     for family in dict.fromkeys(r["family"] for r in summary["rows"]):
@@ -146,11 +161,12 @@ def study_figures(summary, curves, out_dir):
             ax.plot(mean, label=f"{row['setting']} ({len(runs)} seeds)")
             ax.fill_between(range(len(mean)), mean - std, mean + std, alpha=0.2)
         ax.set_xlabel("epoch")
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
+        ax.set_ylabel(label)
+        if higher_is_better:
+            ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
         ax.set_title(f"{family}: {summary['dataset']} / {summary['model']}, mean ± 1 std")
         ax.legend()
-        written.append(_save(figure, out_dir / f"accuracy_{family}.png"))
+        written.append(_save(figure, out_dir / f"{stem}_{family}.png"))
 
     from matplotlib.ticker import FuncFormatter
 
@@ -158,24 +174,56 @@ def study_figures(summary, curves, out_dir):
     markers = {"powersgd": "o", "topk": "s", "batch": "^"}
     drawn = set()
     for row in summary["rows"]:
-        point = (row["bytes_per_rank_mean"], row["test_accuracy_mean"], row["test_accuracy_std"])
+        point = (row["bytes_per_rank_mean"], row[f"{metric}_mean"], row[f"{metric}_std"])
         if point in drawn:  # a run shared by several families (uncompressed): one point, one label
             continue
         drawn.add(point)
-        ax.errorbar(row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"], yerr=row["test_accuracy_std"],
+        ax.errorbar(point[0] / 1e6, point[1], yerr=point[2],
                     fmt=markers.get(row["family"], "o"), capsize=3,
                     color=_POLICY_COLORS.get(row["setting"], "tab:blue"))
-        label = row["setting"] if row["variant"] == "default" else row["variant"]
+        name = row["setting"] if row["variant"] == "default" else row["variant"]
         shared = row["setting"] in ("uncompressed", "fp16", "small")
-        ax.annotate(label if shared else f"{row['family']} {label}", (row["bytes_per_rank_mean"] / 1e6, row["test_accuracy_mean"]),
+        ax.annotate(name if shared else f"{row['family']} {name}", (point[0] / 1e6, point[1]),
                     fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
         axis(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("MB sent per rank (log)")
-    ax.set_ylabel("final test accuracy (%), ± 1 std")
-    ax.set_title("accuracy against traffic (red: Accordion)")
-    written.append(_save(figure, out_dir / "accuracy_vs_bytes.png"))
+    ax.set_ylabel(f"final {label}, ± 1 std")
+    ax.set_title(f"{stem.replace('_', ' ')} against traffic (red: Accordion)")
+    written.append(_save(figure, out_dir / f"{stem}_vs_bytes.png"))
+    return written
+
+
+def layer_type_figures(summary, curves, out_dir):
+    """Per family: the main rows' mean score over epochs, and under it one panel per adaptive
+    row with the mean level it chose for each layer type (``mean_level_by_layer_type``)."""
+    import numpy as np
+
+    plt = _pyplot()
+    metric = summary.get("metric", "test_accuracy")
+    stem, label, _ = METRICS[metric]
+    written = []
+    for family in dict.fromkeys(r["family"] for r in summary["rows"]):
+        rows = [r for r in summary["rows"] if r["family"] == family and r["variant"] == "default"]
+        adaptive = [r for r in rows if "mean_level_by_layer_type" in r]
+        if not adaptive:
+            continue
+        figure, axes = plt.subplots(1 + len(adaptive), 1, sharex=True, figsize=(7, 3 + 1.6 * len(adaptive)),
+                                    gridspec_kw={"height_ratios": [2] + [1] * len(adaptive)})
+        for row in rows:
+            mean = np.array(curves[f"{family}/{row['setting']}/default"]).mean(axis=0)
+            axes[0].plot(mean, label=row["setting"], color=_POLICY_COLORS.get(row["setting"]))
+        axes[0].set_ylabel(label)
+        axes[0].legend(fontsize=7, ncol=2)
+        axes[0].set_title(f"{family}: {summary['dataset']} / {summary['model']}, mean over seeds; levels below")
+        for ax, row in zip(axes[1:], adaptive):
+            for kind, levels in row["mean_level_by_layer_type"].items():
+                ax.step(range(len(levels)), levels, where="mid", label=kind)
+            ax.set_ylabel(f"{row['setting']}\nlevel")
+            ax.legend(fontsize=6, loc="upper right", ncol=4)
+        axes[-1].set_xlabel("epoch")
+        written.append(_save(figure, out_dir / f"{stem}_and_levels_{family}.png"))
     return written
 
 

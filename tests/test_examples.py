@@ -113,6 +113,20 @@ def test_ddp_example_with_every_compression(compression):
 
 
 @pytest.mark.multiworker
+@pytest.mark.parametrize("compression", [["none"], ["fp16"], ["powersgd", "--levels", "4", "4"],
+                                         ["powersgd", "--levels", "4", "1"], ["topk", "--levels", "0.1", "0.1"],
+                                         ["topk", "--levels", "0.5", "0.1"]], ids=" ".join)
+def test_transformer_example_with_every_compression(compression):
+    output = run_example("transformer_lm.py", "--windows", "2", "--steps-per-window", "4", "--interval", "1",
+                         "--warmup-steps", "2", "--validation-sequences", "16", "--compression", *compression)
+    assert re.search(rf"\[rank 0\] {compression[0]}: validation loss [0-9.]+ nats per byte, [0-9.]+ MB sent", output)
+    losses = [float(x) for x in re.findall(r"train: epoch [12]/2 .* validation ([0-9.]+)", output)]
+    assert len(losses) == 2 and losses[1] < losses[0], output
+    levels = re.findall(r"train: epoch 2/2 .* levels ?(\S*)", output)
+    assert levels and (levels[0] != "") == (compression[0] in ("powersgd", "topk")), output
+
+
+@pytest.mark.multiworker
 def test_under_horovodrun_progress_is_one_plain_line_per_epoch_and_no_progress_keeps_the_result():
     """horovodrun pipes stderr and prefixes each chunk, so a tqdm bar arrived as garbled
     carriage-return fragments; and --no-progress used to print nothing at all."""

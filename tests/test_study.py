@@ -108,3 +108,67 @@ def test_a_log_without_epochs_plots_the_rates_its_checks_and_decays_saw():
                {"event": "check", "step": 60, "lr": None}, {"event": "step", "step": 61}]
     # The decay shares its step with the check before it, and comes after it, as in the log.
     assert learning_rates(records, lambda r: r["step"]) == [(10, 0.1), (30, 0.1), (30, 0.01), (50, 0.01)]
+
+
+@pytest.mark.multiworker
+def test_transformer_setting_smoke(tmp_path):
+    """The transformer's setting for two windows on two ranks: validation loss as the score,
+    its distance to uncompressed, the recipe and data digest, and the adaptive rows' levels
+    per layer type, in the summary and its figures."""
+    command = [sys.executable, "benchmarks/study.py", "--setting", "stdlib-transformer", "--precision", "bf16",
+               "--rows", "powersgd/uncompressed/default", "powersgd/accordion/default", "powersgd/phase/default",
+               "--seeds", "0", "--workers", "2", "--epochs", "2", "--powersgd-levels", "4", "1",
+               "--powersgd-ladder", "4", "2", "1", "--results", str(tmp_path), "--timeout", "300"]
+    result = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "runs to do: 3" in result.stdout
+    folder = tmp_path / "stdlib-transformer-adamw-bf16"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["metric"], summary["optimizer"], summary["precision"], summary["epochs"]) == \
+        ("validation_loss", "adamw", "bf16", 2)
+    assert summary["data"] == corpus_digest()
+    rows = {row["setting"]: row for row in summary["rows"]}
+    assert sorted(rows) == ["accordion", "phase", "uncompressed"]
+    assert rows["uncompressed"]["distance_to_uncompressed"] == 0
+    for row in rows.values():
+        # a byte-level model that learned anything is below uniform's log(256) = 5.55 nats
+        assert 0 < row["validation_loss_mean"] < 5.5 and row["validation_loss_std"] == 0
+        assert row["distance_to_uncompressed"] == pytest.approx(
+            row["validation_loss_mean"] - rows["uncompressed"]["validation_loss_mean"], abs=1e-4)
+    # training starts critical, and the first check closes the last window: ℓ_low throughout
+    assert rows["accordion"]["low_share_by_layer_type"] == \
+        {"embedding": 1.0, "attention": 1.0, "mlp": 1.0, "output": 1.0}
+    assert rows["accordion"]["mean_level_by_layer_type"]["mlp"] == [4, 4]
+    assert "low_share_by_layer_type" not in rows["uncompressed"]
+    markdown = (folder / "summary.md").read_text()
+    assert "| powersgd | accordion | default | 4/1 | 1 |" in markdown
+    for png in ("validation_loss_powersgd.png", "validation_loss_vs_bytes.png",
+                "validation_loss_and_levels_powersgd.png", "powersgd-accordion-validation_loss.png"):
+        png_size(folder / png)
+        assert f"]({png})" in markdown
+
+
+def corpus_digest():
+    script = "import json, stdlib_text; print(json.dumps(stdlib_text.Corpus().digest))"
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO / "examples", capture_output=True, text=True,
+                            timeout=120, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.mark.multiworker
+def test_the_transformer_data_split_is_the_same_on_every_rank_and_every_run():
+    """Two ranks of one job and a separate process read the same files, split alike: the last
+    tenth of the sorted file list is validation, whatever the rank or the run."""
+    script = ("import json, horovod.torch as hvd, stdlib_text; hvd.init(); "
+              "print('digest', hvd.rank(), json.dumps(stdlib_text.Corpus().digest), flush=True)")
+    result = subprocess.run(["horovodrun", "-np", "2", "--gloo", sys.executable, "-c", script],
+                            cwd=REPO / "examples", env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    digests = {}
+    for line in result.stdout.splitlines():
+        if "digest " in line:
+            rank, _, digest = line.split("digest ", 1)[1].partition(" ")
+            digests[int(rank)] = json.loads(digest)
+    assert sorted(digests) == [0, 1] and digests[0] == digests[1] == corpus_digest()
+    digest = digests[0]
+    assert digest["validation_files"] == int(digest["files"] * 0.1) and digest["validation_bytes"] > 0
