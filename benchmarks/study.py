@@ -11,7 +11,8 @@ its per-epoch JSONL record goes to ``benchmarks/results/study/SETTING/runs/ROW/s
 (the transformer's SETTING names its recipe: ``stdlib-transformer-adamw-fp32``). A run whose
 record ends with its ``done`` line is not run again, so a study can be spread over several
 invocations (and stopped at any time). After the runs, the study writes ``summary.json``,
-``summary.md`` and the PNGs into the setting's folder, from every finished run.
+``summary.md``, the PNGs and TensorBoard's scalars (``tensorboard/ROW/seedK``) into the
+setting's folder, from every finished run.
 
 ``--rows`` picks rows by name (``family/setting/variant``, shell patterns allowed); the
 default is the main rows of every family, then the detector's levers.
@@ -22,6 +23,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -173,6 +175,7 @@ def summarize(args, rows, command):
         commands.append(command)
         history.write_text("\n".join(commands) + "\n")
     metric, digits = args.program.metric, 2 if args.program.higher_is_better else 4
+    shutil.rmtree(folder / "tensorboard", ignore_errors=True)
     summary_rows, curves, config = [], {}, None
     for row in rows:
         family, setting, variant, levels, run, _ = row
@@ -184,6 +187,8 @@ def summarize(args, rows, command):
         if not runs:
             continue
         config = config or runs[min(runs)][0]
+        for seed, records in runs.items():
+            write_tensorboard(folder / "tensorboard" / run / f"seed{seed}", records, metric)
         done = [records[-1] for records in runs.values()]
         scores = [r[metric] for r in done]
         summary_rows.append({
@@ -221,6 +226,21 @@ def summarize(args, rows, command):
         pngs += plot.run_figures(example, folder, prefix="powersgd-accordion-")
     (folder / "summary.md").write_text(summary_markdown(summary, pngs))
     return summary
+
+
+def write_tensorboard(log_dir, records, metric):
+    """One run's epochs as TensorBoard scalars: the score, the bytes, the rate and each
+    layer's level (``tensorboard --logdir SETTING/tensorboard`` compares the rows)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir) as writer:
+        for record in records:
+            if record["event"] == "epoch":
+                for tag in (metric, "bytes_sent_per_rank", "lr"):
+                    writer.add_scalar(tag, record[tag], record["epoch"])
+                for name, level in record["levels"].items():
+                    if level is not None:  # logs of 0.2.0 list None for the layers none and fp16 leave whole
+                        writer.add_scalar(f"level/{name}", level, record["epoch"])
 
 
 def levels_by_layer_type(runs, layer_types, low):

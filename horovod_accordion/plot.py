@@ -196,8 +196,9 @@ def study_figures(summary, curves, out_dir):
 
 
 def layer_type_figures(summary, curves, out_dir):
-    """Per family: the main rows' mean score over epochs, and under it one panel per adaptive
-    row with the mean level it chose for each layer type (``mean_level_by_layer_type``)."""
+    """Per family: the main rows' mean score over epochs, less uncompressed's (the distance
+    users ask about), and under it one panel per adaptive row with the mean level it chose
+    for each layer type (``mean_level_by_layer_type``)."""
     import numpy as np
 
     plt = _pyplot()
@@ -211,10 +212,12 @@ def layer_type_figures(summary, curves, out_dir):
             continue
         figure, axes = plt.subplots(1 + len(adaptive), 1, sharex=True, figsize=(7, 3 + 1.6 * len(adaptive)),
                                     gridspec_kw={"height_ratios": [2] + [1] * len(adaptive)})
-        for row in rows:
-            mean = np.array(curves[f"{family}/{row['setting']}/default"]).mean(axis=0)
-            axes[0].plot(mean, label=row["setting"], color=_POLICY_COLORS.get(row["setting"]))
-        axes[0].set_ylabel(label)
+        mean_of = {row["setting"]: np.array(curves[f"{family}/{row['setting']}/default"]).mean(axis=0)
+                   for row in rows}
+        reference = mean_of.get("uncompressed", 0)
+        for n, row in enumerate(rows):
+            axes[0].plot(mean_of[row["setting"]] - reference, label=row["setting"], color=f"C{n}")
+        axes[0].set_ylabel(f"{label}\n− uncompressed" if "uncompressed" in mean_of else label)
         axes[0].legend(fontsize=7, ncol=2)
         axes[0].set_title(f"{family}: {summary['dataset']} / {summary['model']}, mean over seeds; levels below")
         for ax, row in zip(axes[1:], adaptive):

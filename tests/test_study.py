@@ -140,6 +140,8 @@ def test_transformer_setting_smoke(tmp_path):
         {"embedding": 1.0, "attention": 1.0, "mlp": 1.0, "output": 1.0}
     assert rows["accordion"]["mean_level_by_layer_type"]["mlp"] == [4, 4]
     assert "low_share_by_layer_type" not in rows["uncompressed"]
+    events = list((folder / "tensorboard" / "powersgd-accordion" / "seed0").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
     markdown = (folder / "summary.md").read_text()
     assert "| powersgd | accordion | default | 4/1 | 1 |" in markdown
     for png in ("validation_loss_powersgd.png", "validation_loss_vs_bytes.png",
