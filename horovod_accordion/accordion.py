@@ -174,7 +174,11 @@ class Accordion:
         if self.window_empties_delta:
             self.micro_batches_accumulated = 0
         if not self.adaptive:
-            return False  # a fixed level: the user's loop closes windows all the same, for nothing
+            # A fixed level decides nothing, but its windows pass as an adaptive run's do, so
+            # the decay rule compares the rate with the last two windows' (not the run's peak)
+            # and its log shows the decay events an adaptive run on the same schedule sees.
+            self.detector.pass_window()
+            return False
         window = self.detector.windows_seen
         # The window's highest rate (None if none was observed), so that a log without epoch
         # records still plots its schedule.

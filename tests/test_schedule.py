@@ -1,4 +1,5 @@
 """The schedule (``horovod_accordion.accordion.Accordion``) alone: no framework, no processes."""
+import math
 import warnings
 
 import pytest
@@ -42,3 +43,21 @@ def test_each_check_logs_its_windows_rate_with_or_without_the_decay_rule(lr_deca
         schedule.observe_lr(lr)
         schedule.end_window([1.0])
     assert [record["lr"] for record in schedule.log.checks if record["event"] == "check"] == [0.1, 0.1, 0.01]
+
+
+@pytest.mark.parametrize("levels", [(2, 2), (None, None)])
+def test_a_fixed_level_logs_no_decay_events(levels):
+    """A static or uncompressed run logged an ``lr_decay`` once a smooth schedule fell to half its
+    peak (the transformer study's cosine, at step 350 of 600), which an adaptive run on the same
+    schedule never sees: its windows did not pass, so the rule compared with the run's peak."""
+    schedule = Accordion(["w"], levels)
+    adaptive = Accordion(["w"], (2, 1), interval=1)
+    for window in range(30):
+        for step in range(20):
+            lr = 0.1 + 0.9 * (1 + math.cos(math.pi * (window * 20 + step) / 600)) / 2
+            schedule.observe_lr(lr)
+            adaptive.observe_lr(lr)
+        schedule.end_window()
+        adaptive.end_window([1.0])
+    assert [r for r in adaptive.log.checks if r["event"] == "lr_decay"] == []
+    assert [r for r in schedule.log.checks if r["event"] == "lr_decay"] == []
