@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
+from horovod_accordion import plot
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "study"
 
@@ -39,13 +41,12 @@ class Program(NamedTuple):
     """A setting's training program and how the study drives and scores it."""
     path: pathlib.Path
     length: str  # the argument of the run's length
-    metric: str  # of the ``done`` record
-    higher_is_better: bool
+    metric: str  # of the ``done`` record: a key of ``plot.METRICS``
     levers: bool  # has the batch switch and the detector's levers
 
 
-CLASSIFIER = Program(REPO / "examples" / "pytorch_train.py", "--epochs", "test_accuracy", True, True)
-TRANSFORMER = Program(REPO / "examples" / "transformer_lm.py", "--windows", "validation_loss", False, False)
+CLASSIFIER = Program(REPO / "examples" / "pytorch_train.py", "--epochs", "test_accuracy", True)
+TRANSFORMER = Program(REPO / "examples" / "transformer_lm.py", "--windows", "validation_loss", False)
 
 LEVERS = {  # variant name: the extra arguments of the Accordion row
     "interval=1": ["--interval", "1"],
@@ -141,6 +142,56 @@ def program_arguments(args):
             *(["--data-dir", args.data_dir] if args.data_dir else [])]
 
 
+def check_runs_match(args, rows):
+    """Refuse a finished run that another command made (other levels, workers or length under
+    the same run name), before anything runs: the study would skip it, and its summary would
+    label it with this command's settings."""
+    folder = args.results / args.setting
+    mismatches = []
+    for row in rows:
+        expected = _flags(program_arguments(args) + [args.program.length, str(args.epochs)] + row[5])
+        expected["workers"] = [str(args.workers)]
+        for path in sorted((folder / "runs" / row[4]).glob("seed*.jsonl")):
+            records = finished(path)
+            differ = records and {key: records[0].get(key) for key, want in expected.items()
+                                  if not _same(records[0].get(key), want)}
+            if differ:
+                mismatches.append(f"{path}: {differ}, where this command asks for "
+                                  f"{ {key: expected[key] for key in differ} }")
+    if mismatches:
+        raise SystemExit("finished runs made with other settings (pass another --results, or move them away):\n"
+                         + "\n".join(mismatches))
+
+
+def _flags(tokens):
+    """``["--levels", "16", "16", "--whole-model"]`` as ``{"levels": ["16", "16"], "whole_model": []}``."""
+    flags, key = {}, None
+    for token in tokens:
+        if token.startswith("--"):
+            key = token[2:].replace("-", "_")
+            flags[key] = []
+        else:
+            flags[key].append(token)
+    return flags
+
+
+def _same(recorded, tokens):
+    """Whether a run's recorded argument is what ``tokens`` ask for (a switch: ``True``)."""
+    if not tokens:
+        return recorded is True
+    values = recorded if isinstance(recorded, list) else [recorded]
+    if len(values) != len(tokens):
+        return False
+    for value, token in zip(values, tokens):
+        try:
+            if float(value) != float(token):
+                return False
+        except (TypeError, ValueError):
+            if str(value) != token:
+                return False
+    return True
+
+
 def run_study(args, rows):
     folder = args.results / args.setting
     horovodrun = str(pathlib.Path(sys.executable).parent / "horovodrun")
@@ -165,8 +216,6 @@ def run_study(args, rows):
 def summarize(args, rows, command):
     """Summarize every finished run of the setting. ``command`` is recorded with those of the
     earlier invocations whose runs the summary holds (``commands.txt``)."""
-    from horovod_accordion import plot
-
     folder = args.results / args.setting
     folder.mkdir(parents=True, exist_ok=True)
     history = folder / "commands.txt"
@@ -174,8 +223,8 @@ def summarize(args, rows, command):
     if command not in commands and not args.summarize_only:
         commands.append(command)
         history.write_text("\n".join(commands) + "\n")
-    metric, digits = args.program.metric, 2 if args.program.higher_is_better else 4
-    shutil.rmtree(folder / "tensorboard", ignore_errors=True)
+    metric = args.program.metric
+    digits = plot.METRICS[metric].decimals + 1  # one more than the tables show
     summary_rows, curves, config = [], {}, None
     for row in rows:
         family, setting, variant, levels, run, _ = row
@@ -187,8 +236,9 @@ def summarize(args, rows, command):
         if not runs:
             continue
         config = config or runs[min(runs)][0]
-        for seed, records in runs.items():
-            write_tensorboard(folder / "tensorboard" / run / f"seed{seed}", records, metric)
+        for seed in runs:
+            write_tensorboard(folder / "tensorboard" / run / f"seed{seed}", folder / "runs" / run / f"seed{seed}.jsonl",
+                              runs[seed], metric)
         done = [records[-1] for records in runs.values()]
         scores = [r[metric] for r in done]
         summary_rows.append({
@@ -228,11 +278,20 @@ def summarize(args, rows, command):
     return summary
 
 
-def write_tensorboard(log_dir, records, metric):
+def write_tensorboard(log_dir, record_path, records, metric):
     """One run's epochs as TensorBoard scalars: the score, the bytes, the rate and each
-    layer's level (``tensorboard --logdir SETTING/tensorboard`` compares the rows)."""
-    from torch.utils.tensorboard import SummaryWriter
-
+    layer's level (``tensorboard --logdir SETTING/tensorboard`` compares the rows). Written
+    once per record: again only if the run was run again (a run shared by several families
+    is summarized once per family)."""
+    written = list(pathlib.Path(log_dir).glob("events.out.tfevents.*"))
+    if written and all(path.stat().st_mtime >= record_path.stat().st_mtime for path in written):
+        return
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is in the dev extra only
+        print(f"no TensorBoard scalars for {record_path}: pip install tensorboard", file=sys.stderr)
+        return
+    shutil.rmtree(log_dir, ignore_errors=True)
     with SummaryWriter(log_dir) as writer:
         for record in records:
             if record["event"] == "epoch":
@@ -258,17 +317,13 @@ def levels_by_layer_type(runs, layer_types, low):
                                         for kind, series in by_type.items()}}
 
 
-METRIC_LABELS = {"test_accuracy": ("final test accuracy", "test accuracy (%)", 1),
-                 "validation_loss": ("final validation loss in nats per byte", "validation loss (nats/byte)", 4)}
-
-
 def summary_markdown(summary, pngs):
     metric = summary.get("metric", "test_accuracy")
-    sentence, column, digits = METRIC_LABELS[metric]
+    column, digits = plot.METRICS[metric].label, plot.METRICS[metric].decimals
     recipe = f", {summary['optimizer']}, {summary['precision']}" if "optimizer" in summary else ""
     lines = [f"# {summary['dataset']} / {summary['model']}{recipe}: {summary['workers']} workers, "
              f"{summary['epochs']} epochs", "", f"Command: `{summary['command']}`", "",
-             f"The {sentence}, mean ± std over the seeds, and its distance to uncompressed; bytes each rank "
+             f"The final {column}, mean ± std over the seeds, and its distance to uncompressed; bytes each rank "
              "sent over the whole run (gradients and Accordion's norm reductions); the ratio to static ℓ_low "
              "(small batch for the batch family); the training time per run.", "",
              f"| family | setting | variant | levels | seeds | {column} | − uncompressed | MB sent per rank "
@@ -326,6 +381,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.setting:
         args.dataset, args.model = args.setting.split("-", 1)
+    if args.model.startswith("transformer-"):
+        parser.error(f"--setting {args.setting} names a results folder: pass --setting stdlib-transformer with "
+                     f"--optimizer and --precision")
     args.program = TRANSFORMER if args.model == "transformer" else CLASSIFIER
     if args.program is TRANSFORMER and args.dataset != "stdlib":
         parser.error("the transformer trains on the standard library's sources: --setting stdlib-transformer")
@@ -340,6 +398,7 @@ def main(argv=None):
     rows = [row for row in rows_of(args)
             if any(fnmatch.fnmatch(row_name(row), pattern) for pattern in args.rows)]
     command = shlex.join(["python", "benchmarks/study.py", *(sys.argv[1:] if argv is None else argv)])
+    check_runs_match(args, rows_of(args))
     failures = [] if args.summarize_only else run_study(args, rows)
     summary = summarize(args, rows_of(args), command)
     print(f"{len(summary['rows'])} rows in {args.results / args.setting / 'summary.md'}")

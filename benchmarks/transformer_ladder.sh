@@ -22,10 +22,10 @@ for seed in "${@:-0}"; do
 done
 python - "$out" "${@:-0}" <<'PY'
 import json, pathlib, statistics, sys
-out = pathlib.Path(sys.argv[1])
+out, seeds = pathlib.Path(sys.argv[1]), sys.argv[2:]
 summary = {}
 for run in sorted(p for p in out.iterdir() if p.is_dir()):
-    done = [json.loads(p.read_text().splitlines()[-1]) for p in sorted(run.glob("seed*.jsonl"))]
+    done = [json.loads((run / f"seed{seed}.jsonl").read_text().splitlines()[-1]) for seed in seeds]
     losses = [d["validation_loss"] for d in done]
     summary[run.name] = {"seeds": len(losses), "validation_loss_mean": round(statistics.mean(losses), 4),
                          "validation_loss_std": round(statistics.stdev(losses), 4) if len(losses) > 1 else 0.0,

@@ -14,7 +14,6 @@ line per epoch (test accuracy, loss, bytes sent per rank, wall time, LR, each la
 level), the Accordion checks and LR decays as they happen, and a final ``done`` line.
 """
 import argparse
-import json
 import time
 
 import torch
@@ -22,6 +21,7 @@ import torch
 import horovod_accordion.torch as hvd
 from example_data import DATASETS, load, shard
 from progress import epochs_bar
+from study_run import RunRecord, add_compression_arguments, compression_of, policy_of
 
 
 def parse_args(argv=None):
@@ -29,9 +29,7 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", choices=DATASETS, default="mnist1d")
     parser.add_argument("--data-dir", help="where cifar10 lies (cifar-10-batches-py); nothing is downloaded")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn1d")
-    parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk"], default="powersgd")
-    parser.add_argument("--levels", type=float, nargs="+", metavar="LEVEL", default=(4, 1),
-                        help="ℓ_low and ℓ_high: PowerSGD ranks or TopK kept fractions")
+    add_compression_arguments(parser, levels=(4, 1))
     parser.add_argument("--batch-switch", type=int, metavar="M",
                         help="switch between --batch-size and M times it (fixed --compression)")
     parser.add_argument("--large-batch", action="store_true",
@@ -47,9 +45,6 @@ def parse_args(argv=None):
     parser.add_argument("--whole-model", action="store_true", help="one decision for the model, not per layer")
     parser.add_argument("--delta-windows", type=int, default=1, help="epochs accumulated into a check's Δ")
     parser.add_argument("--check-norm", choices=["local", "averaged"], default="local")
-    parser.add_argument("--policy", choices=["accordion", "error_budget", "phase"], default="accordion",
-                        help="how the levels are chosen from --levels: see horovod_accordion.policies")
-    parser.add_argument("--slack", type=float, default=2.0, help="error_budget: the error allowed over ℓ_low's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", help="rank 0 writes the per-epoch JSONL record here")
     parser.add_argument("--tensorboard-dir", help="rank 0 writes Accordion's scalars here")
@@ -82,23 +77,6 @@ def mlp():
 MODELS = {"cnn1d": lambda: cnn1d(32), "cnn1d-wide": lambda: cnn1d(64), "cnn2d": cnn2d, "mlp": mlp}
 
 
-def compression_of(args):
-    low, high = args.levels[0], args.levels[-1]
-    if args.compression == "powersgd":
-        return hvd.Compression.powersgd(int(low), int(high), seed=args.seed,
-                                        ladder=tuple(int(level) for level in args.levels))
-    if args.compression == "topk":
-        return hvd.Compression.topk(low, high, ladder=tuple(args.levels))
-    return {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[args.compression]
-
-
-def policy_of(args):
-    """The level policy; the phase schedule's windows are the epochs."""
-    if args.policy == "phase":
-        return hvd.PhaseSchedule(total_windows=args.epochs)
-    return hvd.ErrorBudget(slack=args.slack) if args.policy == "error_budget" else "accordion"
-
-
 def lr_factor(args, epoch):
     """Linear warm-up from --warmup-lr, then ×0.1 at 50 % and ×0.01 at 75 % of the epochs."""
     if epoch < args.warmup_epochs:
@@ -123,17 +101,16 @@ def main(args):
         sgd, named_parameters=model.named_parameters(), compression=compression_of(args),
         interval=args.interval, per_layer=not args.whole_model, delta_windows=args.delta_windows,
         check_norm=args.check_norm, batch_switch=batch_switch, tensorboard_dir=args.tensorboard_dir,
-        policy=policy_of(args))
+        policy=policy_of(args, total_windows=args.epochs))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(args, epoch))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    log = open(args.record, "w") if args.record and hvd.rank() == 0 else None
-    write = (lambda record: (log.write(json.dumps(record) + "\n"), log.flush())) if log else (lambda record: None)
-    write({"event": "config", "workers": hvd.size(), **vars(args)})
+    log = RunRecord(args.record, hvd.rank())
+    log.write({"event": "config", "workers": hvd.size(), **vars(args)})
     micro_batch = args.batch_size * multiplier
     bar = epochs_bar(args.epochs, hvd.rank(), enabled=not args.no_progress)
-    checks_written, seconds = 0, 0.0
+    seconds = 0.0
     for epoch in bar:
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
@@ -157,21 +134,18 @@ def main(args):
         with torch.no_grad():
             accuracy = 100.0 * (model(x_test).argmax(1) == y_test).float().mean().item()
         stats = optimizer.accordion_stats()
-        for event in stats["checks"][checks_written:]:
-            write({**event, "epoch": epoch})
-        checks_written = len(stats["checks"])
+        log.write_new_checks(stats, epoch)
         record = {"event": "epoch", "epoch": epoch, "test_accuracy": round(accuracy, 2),
                   "loss": round(float(loss_sum[0] / loss_sum[1]), 5),
                   "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
                   "levels": levels, "global_batch": global_batch}
-        write(record)
+        log.write(record)
         bar.set_postfix(loss=record["loss"], acc=record["test_accuracy"],
                         MB=round(record["bytes_sent_per_rank"] / 1e6, 2),
                         levels=",".join(str(level) for level in levels.values()))
-    write({"event": "done", "test_accuracy": record["test_accuracy"],
-           "bytes_sent_per_rank": record["bytes_sent_per_rank"], "wall_time_s": record["wall_time_s"]})
-    if log:
-        log.close()
+    log.write({"event": "done", "test_accuracy": record["test_accuracy"],
+               "bytes_sent_per_rank": record["bytes_sent_per_rank"], "wall_time_s": record["wall_time_s"]})
+    log.close()
     if hvd.rank() == 0:
         print(f"[rank 0] {args.compression}: test accuracy {record['test_accuracy']:.2f} %, "
               f"{record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank, {record['wall_time_s']:.1f} s", flush=True)

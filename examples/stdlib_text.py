@@ -47,6 +47,9 @@ class Corpus:
     def validation_batches(self, sequences, context, rank, size, batch_size=64):
         """This rank's share of ``sequences`` windows evenly spaced over the validation bytes
         (the same windows in every run), in batches."""
+        if len(self.validation) <= context + 1:
+            raise ValueError(f"the validation files hold {len(self.validation)} bytes, fewer than one window of "
+                             f"{context + 1}")
         starts = torch.linspace(0, len(self.validation) - context - 1, sequences).long()[rank::size]
         return [_windows(self.validation, chunk, context) for chunk in starts.split(batch_size)]
 

@@ -19,7 +19,6 @@ checks and decays, and a ``done`` line; its ``config`` line holds the data's dig
 every rank checked to be its own.
 """
 import argparse
-import json
 import math
 import time
 
@@ -28,19 +27,15 @@ import torch.nn.functional as F
 
 import horovod_accordion.torch as hvd
 from progress import epochs_bar
-from pytorch_train import compression_of
 from stdlib_text import VOCABULARY, Corpus
+from study_run import RunRecord, add_compression_arguments, compression_of, policy_of
 
 PEAK_LR = {"adamw": 3e-3, "sgd": 0.3}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk"], default="powersgd")
-    parser.add_argument("--levels", type=float, nargs="+", metavar="LEVEL", default=(16, 4),
-                        help="ℓ_low and ℓ_high: PowerSGD ranks or TopK kept fractions (a ladder for --policy)")
-    parser.add_argument("--policy", choices=["accordion", "error_budget", "phase"], default="accordion")
-    parser.add_argument("--slack", type=float, default=2.0, help="error_budget: the error allowed over ℓ_low's")
+    add_compression_arguments(parser, levels=(16, 4))
     parser.add_argument("--interval", type=int, default=2, help="windows between Accordion checks")
     parser.add_argument("--optimizer", choices=sorted(PEAK_LR), default="adamw")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast")
@@ -118,7 +113,8 @@ def layer_type(name):
 
 
 def lr_factor(args, step):
-    """A linear warm-up to the peak, then a cosine to a tenth of it at the last step."""
+    """A linear warm-up to the peak, then a cosine that would reach a tenth of it one step
+    after the last."""
     if step < args.warmup_steps:
         return (step + 1) / args.warmup_steps
     progress = (step - args.warmup_steps) / max(1, args.windows * args.steps_per_window - args.warmup_steps)
@@ -130,12 +126,6 @@ def make_optimizer(args, model):
     if args.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=args.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=peak, momentum=0.9, weight_decay=args.weight_decay)
-
-
-def policy_of(args):
-    if args.policy == "phase":
-        return hvd.PhaseSchedule(total_windows=args.windows)
-    return hvd.ErrorBudget(slack=args.slack) if args.policy == "error_budget" else "accordion"
 
 
 def autocast(args):
@@ -174,18 +164,17 @@ def main(args):
     model = Transformer(args.width, args.layers, args.heads, args.context)
     optimizer = hvd.DistributedOptimizer(
         make_optimizer(args, model), named_parameters=model.named_parameters(), compression=compression_of(args),
-        interval=args.interval, policy=policy_of(args), tensorboard_dir=args.tensorboard_dir)
+        interval=args.interval, policy=policy_of(args, total_windows=args.windows), tensorboard_dir=args.tensorboard_dir)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(args, step))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     batches = torch.Generator().manual_seed(1_000_003 * args.seed + hvd.rank())
 
-    log = open(args.record, "w") if args.record and hvd.rank() == 0 else None
-    write = (lambda record: (log.write(json.dumps(record) + "\n"), log.flush())) if log else (lambda record: None)
-    write({"event": "config", "workers": hvd.size(), "data": corpus.digest,
+    log = RunRecord(args.record, hvd.rank())
+    log.write({"event": "config", "workers": hvd.size(), "data": corpus.digest,
            "layer_types": {name: layer_type(name) for name, _ in model.named_parameters()}, **vars(args)})
     bar = epochs_bar(args.windows, hvd.rank(), enabled=not args.no_progress)
-    checks_written, seconds = 0, 0.0
+    seconds = 0.0
     for window in bar:
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
@@ -206,21 +195,18 @@ def main(args):
         losses = hvd.allreduce(losses, op=hvd.Sum, name="train.loss")
         loss = validation_loss(model, validation, args)
         stats = optimizer.accordion_stats()
-        for event in stats["checks"][checks_written:]:
-            write({**event, "epoch": window})
-        checks_written = len(stats["checks"])
+        log.write_new_checks(stats, window)
         record = {"event": "epoch", "epoch": window, "validation_loss": round(loss, 5),
                   "perplexity": round(math.exp(loss), 4), "loss": round(float(losses[0] / losses[1]), 5),
                   "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
                   "levels": levels}
-        write(record)
+        log.write(record)
         bar.set_postfix(loss=record["loss"], validation=record["validation_loss"],
                         MB=round(record["bytes_sent_per_rank"] / 1e6, 2),
                         levels=",".join(str(level) for level in levels.values()))
-    write({"event": "done", **{key: record[key] for key in
-                               ("validation_loss", "perplexity", "bytes_sent_per_rank", "wall_time_s")}})
-    if log:
-        log.close()
+    log.write({"event": "done", **{key: record[key] for key in
+                                   ("validation_loss", "perplexity", "bytes_sent_per_rank", "wall_time_s")}})
+    log.close()
     if hvd.rank() == 0:
         print(f"[rank 0] {args.compression}: validation loss {record['validation_loss']:.4f} nats per byte, "
               f"{record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank, {record['wall_time_s']:.1f} s", flush=True)

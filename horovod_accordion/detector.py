@@ -127,8 +127,8 @@ class RegimeDetector:
         return True
 
     def pass_window(self):
-        """Close a window without deciding: one that is not a check, or every window of a
-        policy that reads no norms."""
+        """Close a window without deciding: one that is not a check, every window of a
+        policy that reads no norms, and every window of a fixed level."""
         self._next_lr_window()
         self.windows_seen += 1
 

@@ -21,12 +21,20 @@ level each adaptive policy chose per layer type under them.
 import argparse
 import json
 import pathlib
+import typing
 
 __all__ = ["read_log", "run_figures", "study_figures", "layer_type_figures"]
 
-# A record's score per epoch: (file stem, axis label, higher is better).
-METRICS = {"test_accuracy": ("accuracy", "test accuracy (%)", True),
-           "validation_loss": ("validation_loss", "validation loss (nats per byte)", False)}
+class Metric(typing.NamedTuple):
+    """A training record's score per epoch, as the plots and the study's tables show it."""
+    stem: str  # of the figures' file names
+    label: str
+    higher_is_better: bool
+    decimals: int  # in the study's tables
+
+
+METRICS = {"test_accuracy": Metric("accuracy", "test accuracy (%)", True, 1),
+           "validation_loss": Metric("validation_loss", "validation loss (nats per byte)", False, 4)}
 
 
 def read_log(path):
@@ -122,9 +130,9 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
         ax.set_title("level per layer")
         written.append(_save(figure, out_dir / f"{prefix}levels.png"))
 
-    if epochs:
-        metric = _metric_of(epochs[0])
-        stem, label, _ = METRICS[metric]
+    metric = _metric_of(epochs[0]) if epochs else None
+    if metric:
+        stem, label = METRICS[metric].stem, METRICS[metric].label
         figure, ax = plt.subplots(figsize=(7, 4))
         ax.plot([r["epoch"] for r in epochs], [r[metric] for r in epochs])
         ax.set_xlabel("epoch")
@@ -134,10 +142,14 @@ def run_figures(log_path, out_dir, layer=None, prefix=""):
 
 
 def _metric_of(record):
-    return next(metric for metric in METRICS if metric in record)
+    """The score a record holds; ``None`` for a log that holds none we know."""
+    return next((metric for metric in METRICS if metric in record), None)
 
 
 _POLICY_COLORS = {"accordion": "tab:red", "error_budget": "tab:green", "phase": "tab:purple"}
+# Every setting of a family in its own colour, the same in every figure.
+_SETTING_COLORS = dict(_POLICY_COLORS, uncompressed="tab:gray", fp16="tab:olive", low="tab:blue",
+                       high="tab:orange", small="tab:gray", large="tab:orange")
 
 
 def study_figures(summary, curves, out_dir):
@@ -147,7 +159,7 @@ def study_figures(summary, curves, out_dir):
 
     plt = _pyplot()
     metric = summary.get("metric", "test_accuracy")
-    stem, label, higher_is_better = METRICS[metric]
+    stem, label, higher_is_better, _ = METRICS[metric]
     out_dir = pathlib.Path(out_dir)
     written = []
     for family in dict.fromkeys(r["family"] for r in summary["rows"]):
@@ -158,8 +170,9 @@ def study_figures(summary, curves, out_dir):
                 continue
             runs = np.array(curves[key])
             mean, std = runs.mean(axis=0), runs.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(runs.shape[1])
-            ax.plot(mean, label=f"{row['setting']} ({len(runs)} seeds)")
-            ax.fill_between(range(len(mean)), mean - std, mean + std, alpha=0.2)
+            color = _SETTING_COLORS.get(row["setting"])
+            ax.plot(mean, label=f"{row['setting']} ({len(runs)} seeds)", color=color)
+            ax.fill_between(range(len(mean)), mean - std, mean + std, alpha=0.2, color=color)
         ax.set_xlabel("epoch")
         ax.set_ylabel(label)
         if higher_is_better:
@@ -203,7 +216,7 @@ def layer_type_figures(summary, curves, out_dir):
 
     plt = _pyplot()
     metric = summary.get("metric", "test_accuracy")
-    stem, label, _ = METRICS[metric]
+    stem, label = METRICS[metric].stem, METRICS[metric].label
     written = []
     for family in dict.fromkeys(r["family"] for r in summary["rows"]):
         rows = [r for r in summary["rows"] if r["family"] == family and r["variant"] == "default"]
@@ -215,8 +228,9 @@ def layer_type_figures(summary, curves, out_dir):
         mean_of = {row["setting"]: np.array(curves[f"{family}/{row['setting']}/default"]).mean(axis=0)
                    for row in rows}
         reference = mean_of.get("uncompressed", 0)
-        for n, row in enumerate(rows):
-            axes[0].plot(mean_of[row["setting"]] - reference, label=row["setting"], color=f"C{n}")
+        for row in rows:
+            axes[0].plot(mean_of[row["setting"]] - reference, label=row["setting"],
+                         color=_SETTING_COLORS.get(row["setting"]))
         axes[0].set_ylabel(f"{label}\n− uncompressed" if "uncompressed" in mean_of else label)
         axes[0].legend(fontsize=7, ncol=2)
         axes[0].set_title(f"{family}: {summary['dataset']} / {summary['model']}, mean over seeds; levels below")

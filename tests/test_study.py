@@ -140,14 +140,27 @@ def test_transformer_setting_smoke(tmp_path):
         {"embedding": 1.0, "attention": 1.0, "mlp": 1.0, "output": 1.0}
     assert rows["accordion"]["mean_level_by_layer_type"]["mlp"] == [4, 4]
     assert "low_share_by_layer_type" not in rows["uncompressed"]
-    events = list((folder / "tensorboard" / "powersgd-accordion" / "seed0").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 0
+    # one event file per run, also for the uncompressed run that both families' rows list
+    for run in ("powersgd-accordion", "uncompressed"):
+        events = list((folder / "tensorboard" / run / "seed0").glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].stat().st_size > 0, events
     markdown = (folder / "summary.md").read_text()
     assert "| powersgd | accordion | default | 4/1 | 1 |" in markdown
     for png in ("validation_loss_powersgd.png", "validation_loss_vs_bytes.png",
                 "validation_loss_and_levels_powersgd.png", "powersgd-accordion-validation_loss.png"):
         png_size(folder / png)
         assert f"]({png})" in markdown
+    # the same runs under other levels would be skipped and mislabelled: refused before anything runs
+    other = [argument if argument != "4" else "2" for argument in command]
+    refused = subprocess.run(other, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "finished runs made with other settings" in refused.stderr, refused.stderr
+    assert "'levels': [4.0, 1.0]" in refused.stderr and "'levels': ['2', '1']" in refused.stderr, refused.stderr
+
+
+def test_a_transformer_results_folder_is_not_a_setting():
+    result = subprocess.run([sys.executable, "benchmarks/study.py", "--setting", "stdlib-transformer-adamw-fp32",
+                             "--summarize-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "pass --setting stdlib-transformer with --optimizer" in result.stderr
 
 
 def corpus_digest():

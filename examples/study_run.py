@@ -1,0 +1,56 @@
+"""What the study's training programs share (``pytorch_train.py``, ``transformer_lm.py``): the
+compression arguments, the level policy, and rank 0's JSONL record of the run."""
+import json
+
+import horovod_accordion.torch as hvd
+
+
+def add_compression_arguments(parser, levels):
+    """``--compression``, ``--levels`` (default ``levels``), ``--policy`` and ``--slack``."""
+    parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk"], default="powersgd")
+    parser.add_argument("--levels", type=float, nargs="+", metavar="LEVEL", default=levels,
+                        help="ℓ_low and ℓ_high: PowerSGD ranks or TopK kept fractions (a ladder for --policy)")
+    parser.add_argument("--policy", choices=["accordion", "error_budget", "phase"], default="accordion",
+                        help="how the levels are chosen from --levels: see horovod_accordion.policies")
+    parser.add_argument("--slack", type=float, default=2.0, help="error_budget: the error allowed over ℓ_low's")
+
+
+def compression_of(args):
+    low, high = args.levels[0], args.levels[-1]
+    if args.compression == "powersgd":
+        return hvd.Compression.powersgd(int(low), int(high), seed=args.seed,
+                                        ladder=tuple(int(level) for level in args.levels))
+    if args.compression == "topk":
+        return hvd.Compression.topk(low, high, ladder=tuple(args.levels))
+    return {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[args.compression]
+
+
+def policy_of(args, total_windows):
+    """The level policy; the phase schedule walks the ladder down over ``total_windows``."""
+    if args.policy == "phase":
+        return hvd.PhaseSchedule(total_windows=total_windows)
+    return hvd.ErrorBudget(slack=args.slack) if args.policy == "error_budget" else "accordion"
+
+
+class RunRecord:
+    """Rank 0's ``--record``: one JSON line per record, flushed as written, so a run that dies
+    keeps what it wrote; the study counts a run only once its ``done`` line is there."""
+
+    def __init__(self, path, rank):
+        self.file = open(path, "w") if path and rank == 0 else None
+        self.checks_written = 0
+
+    def write(self, record):
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def write_new_checks(self, stats, epoch):
+        """The checks and decays since the last call, from ``optimizer.accordion_stats()``."""
+        for event in stats["checks"][self.checks_written:]:
+            self.write({**event, "epoch": epoch})
+        self.checks_written = len(stats["checks"])
+
+    def close(self):
+        if self.file:
+            self.file.close()
