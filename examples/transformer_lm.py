@@ -20,6 +20,7 @@ every rank checked to be its own.
 """
 import argparse
 import math
+import sys
 import time
 
 import torch
@@ -146,6 +147,12 @@ def validation_loss(model, batches, args):
     return float(total[0] / total[1])
 
 
+def perplexity(loss):
+    """exp(loss), infinite where a diverged run's loss overflows it: the run goes on, and its
+    record keeps the divergence."""
+    return math.inf if loss >= math.log(sys.float_info.max) else math.exp(loss)
+
+
 def check_same_data(corpus):
     """Every rank must train and validate on the same split; a rank that differs (another
     Python, another file list) would make the averaged loss meaningless."""
@@ -197,7 +204,7 @@ def main(args):
         stats = optimizer.accordion_stats()
         log.write_new_checks(stats, window)
         record = {"event": "epoch", "epoch": window, "validation_loss": round(loss, 5),
-                  "perplexity": round(math.exp(loss), 4), "loss": round(float(losses[0] / losses[1]), 5),
+                  "perplexity": round(perplexity(loss), 4), "loss": round(float(losses[0] / losses[1]), 5),
                   "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
                   "levels": levels}
         log.write(record)

@@ -1,4 +1,5 @@
 """The examples run as users run them: ``horovodrun -np 2 --gloo python examples/...``."""
+import math
 import pathlib
 import re
 import subprocess
@@ -124,6 +125,19 @@ def test_transformer_example_with_every_compression(compression):
     assert len(losses) == 2 and losses[1] < losses[0], output
     levels = re.findall(r"train: epoch 2/2 .* levels ?(\S*)", output)
     assert levels and (levels[0] != "") == (compression[0] in ("powersgd", "topk")), output
+
+
+def test_a_diverged_transformer_run_goes_on_and_records_it():
+    """An SGD run of the study whose loss reached 101 nats ended in OverflowError computing its
+    perplexity, so its row lost the run instead of showing the divergence."""
+    script = ("import math, transformer_lm as t; "
+              "print(t.perplexity(101.43), t.perplexity(1e4), t.perplexity(math.nan), t.perplexity(math.log(2.0)))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO / "examples", env=worker_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    big, overflow, nan, two = (float(value) for value in result.stdout.split())
+    assert big == pytest.approx(math.exp(101.43), rel=1e-12) and overflow == math.inf and math.isnan(nan)
+    assert two == pytest.approx(2.0, rel=1e-12)
 
 
 @pytest.mark.multiworker
