@@ -135,11 +135,14 @@ def run_once(command, log_path, timeout):
     return False
 
 
-def program_arguments(args):
+def run_arguments(args, row):
+    """The training program's arguments for ``row``, but the seed's."""
     if args.program is TRANSFORMER:
-        return ["--optimizer", args.optimizer, "--precision", args.precision]
-    return ["--dataset", args.dataset, "--model", args.model,
-            *(["--data-dir", args.data_dir] if args.data_dir else [])]
+        setting = ["--optimizer", args.optimizer, "--precision", args.precision]
+    else:
+        setting = ["--dataset", args.dataset, "--model", args.model,
+                   *(["--data-dir", args.data_dir] if args.data_dir else [])]
+    return [*setting, args.program.length, str(args.epochs), *row[5]]
 
 
 def check_runs_match(args, rows):
@@ -149,7 +152,7 @@ def check_runs_match(args, rows):
     folder = args.results / args.setting
     mismatches = []
     for row in rows:
-        expected = _flags(program_arguments(args) + [args.program.length, str(args.epochs)] + row[5])
+        expected = _flags(run_arguments(args, row))
         expected["workers"] = [str(args.workers)]
         for path in sorted((folder / "runs" / row[4]).glob("seed*.jsonl")):
             records = finished(path)
@@ -201,8 +204,7 @@ def run_study(args, rows):
             path = folder / "runs" / row[4] / f"seed{seed}.jsonl"
             if path not in [p for p, _ in todo] and not finished(path):
                 command = [horovodrun, "-np", str(args.workers), "--gloo", sys.executable, str(args.program.path),
-                           *program_arguments(args), args.program.length, str(args.epochs),
-                           "--seed", str(seed), "--no-progress", *row[5]]
+                           *run_arguments(args, row), "--seed", str(seed), "--no-progress"]
                 todo.append((path, command))
     print(f"runs to do: {len(todo)}", flush=True)
     failures = []

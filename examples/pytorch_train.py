@@ -21,7 +21,7 @@ import torch
 import horovod_accordion.torch as hvd
 from example_data import DATASETS, load, shard
 from progress import epochs_bar
-from study_run import RunRecord, add_compression_arguments, compression_of, policy_of
+from study_run import RunRecord, add_compression_arguments, compression_of, policy_of, show_epoch
 
 
 def parse_args(argv=None):
@@ -140,15 +140,9 @@ def main(args):
                   "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
                   "levels": levels, "global_batch": global_batch}
         log.write(record)
-        bar.set_postfix(loss=record["loss"], acc=record["test_accuracy"],
-                        MB=round(record["bytes_sent_per_rank"] / 1e6, 2),
-                        levels=",".join(str(level) for level in levels.values()))
-    log.write({"event": "done", "test_accuracy": record["test_accuracy"],
-               "bytes_sent_per_rank": record["bytes_sent_per_rank"], "wall_time_s": record["wall_time_s"]})
-    log.close()
-    if hvd.rank() == 0:
-        print(f"[rank 0] {args.compression}: test accuracy {record['test_accuracy']:.2f} %, "
-              f"{record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank, {record['wall_time_s']:.1f} s", flush=True)
+        show_epoch(bar, record, acc=record["test_accuracy"])
+    log.finish(record, ("test_accuracy", "bytes_sent_per_rank", "wall_time_s"), args.compression,
+               f"test accuracy {record['test_accuracy']:.2f} %")
     return record
 
 

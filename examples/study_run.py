@@ -37,6 +37,7 @@ class RunRecord:
     keeps what it wrote; the study counts a run only once its ``done`` line is there."""
 
     def __init__(self, path, rank):
+        self.rank = rank
         self.file = open(path, "w") if path and rank == 0 else None
         self.checks_written = 0
 
@@ -51,6 +52,18 @@ class RunRecord:
             self.write({**event, "epoch": epoch})
         self.checks_written = len(stats["checks"])
 
-    def close(self):
+    def finish(self, record, keys, compression, score):
+        """The ``done`` line, with the last epoch's ``keys`` (the study reads them), and rank 0's
+        result line, where ``score`` says the score in words."""
+        self.write({"event": "done", **{key: record[key] for key in keys}})
         if self.file:
             self.file.close()
+        if self.rank == 0:
+            print(f"[rank 0] {compression}: {score}, {record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank, "
+                  f"{record['wall_time_s']:.1f} s", flush=True)
+
+
+def show_epoch(bar, record, **score):
+    """The progress line's fields: the training loss, ``score``, MB sent and the levels now."""
+    bar.set_postfix(loss=record["loss"], **score, MB=round(record["bytes_sent_per_rank"] / 1e6, 2),
+                    levels=",".join(str(level) for level in record["levels"].values()))

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import horovod_accordion.torch as hvd
 from progress import epochs_bar
 from stdlib_text import VOCABULARY, Corpus
-from study_run import RunRecord, add_compression_arguments, compression_of, policy_of
+from study_run import RunRecord, add_compression_arguments, compression_of, policy_of, show_epoch
 
 PEAK_LR = {"adamw": 3e-3, "sgd": 0.3}
 
@@ -208,15 +208,9 @@ def main(args):
                   "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
                   "levels": levels}
         log.write(record)
-        bar.set_postfix(loss=record["loss"], validation=record["validation_loss"],
-                        MB=round(record["bytes_sent_per_rank"] / 1e6, 2),
-                        levels=",".join(str(level) for level in levels.values()))
-    log.write({"event": "done", **{key: record[key] for key in
-                                   ("validation_loss", "perplexity", "bytes_sent_per_rank", "wall_time_s")}})
-    log.close()
-    if hvd.rank() == 0:
-        print(f"[rank 0] {args.compression}: validation loss {record['validation_loss']:.4f} nats per byte, "
-              f"{record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank, {record['wall_time_s']:.1f} s", flush=True)
+        show_epoch(bar, record, validation=record["validation_loss"])
+    log.finish(record, ("validation_loss", "perplexity", "bytes_sent_per_rank", "wall_time_s"), args.compression,
+               f"validation loss {record['validation_loss']:.4f} nats per byte")
     return record
 
 
