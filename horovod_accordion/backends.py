@@ -13,7 +13,7 @@ the backend can); a *tensor* is the framework's own.
 
 from typing import Any, Callable, Dict, List, Protocol, Sequence, Tuple
 
-__all__ = ["CollectiveOps", "EagerTensorOps", "Pending", "TensorOps"]
+__all__ = ["CollectiveOps", "EagerTensorOps", "Pending", "Sharding", "TensorOps"]
 
 Tensor = Any  # the framework's tensor: torch.Tensor, tf.Tensor or tf.Variable
 
@@ -205,3 +205,11 @@ class CollectiveOps(Protocol):
     def agree_max(self, value: float, name: str) -> float:
         """The largest ``value`` over ranks, on every rank: blocking, on the host (it reads no
         device tensor), and not counted in the bytes sent (8 bytes, not the algorithm's traffic)."""
+
+
+class Sharding(Protocol):
+    """Hybrid sharding (FSDP2 on a replicas × shards layout): each rank holds one shard of every
+    layer, and the reducer's collectives average it over the shard's replicas."""
+
+    shards: int  # the ranks that share one replica of the model
+    world: CollectiveOps  # every rank, replicas × shards

@@ -14,11 +14,17 @@ Under a loss scale S (``torch.amp.GradScaler``) the gradients arrive as S × the
 the exchange divides them by S before Δ and the reducer see them, and multiplies the averages
 by S, so that the levels and the error feedback are in true units and the scaler's own
 ``unscale_`` still finds the scale it expects.
+
+Under hybrid sharding (FSDP2, ``sharding``) each rank holds one shard of every layer, and the
+reducer averages it over the shard's replicas only. What the detector reads is then reduced
+over the whole world: a layer's squared norm (and approximation error) is the sum of its
+shards', and the agreed rate and the levels' check span every rank, so that every shard of a
+layer runs at the same level.
 """
 
 import warnings
 
-from horovod_accordion.backends import CollectiveOps, EagerTensorOps
+from horovod_accordion.backends import CollectiveOps, EagerTensorOps, Sharding
 from horovod_accordion.reducers import BucketReduction, split_state
 
 __all__ = ["BucketedExchange"]
@@ -34,9 +40,12 @@ class BucketedExchange:
             step's gradients carry (a device scalar of the backend), or ``None``; see
             ``horovod_accordion.torch_loss_scale``. Only read where it matters: for Δ or for a
             reducer's error feedback (a dense reducer averages the scaled gradients, as Horovod).
+        sharding: a ``backends.Sharding``, where ``params`` are each rank's shards and the
+            reducer's collectives span one shard's replicas; ``None``: every rank holds every
+            layer whole.
     """
 
-    def __init__(self, accordion, reducer, params, loss_scale=None):
+    def __init__(self, accordion, reducer, params, loss_scale=None, sharding: Sharding = None):
         self.accordion, self.reducer = accordion, reducer
         self.loss_scale = loss_scale if accordion.keeps_delta or reducer.per_rank else None
         self.scale = None  # the loss scale of the step in progress
@@ -44,6 +53,8 @@ class BucketedExchange:
         # TensorFlow's checkpoints are its variables, and it has no loss scale here.
         self.tensors: EagerTensorOps = reducer.tensors
         self.collectives: CollectiveOps = reducer.collectives
+        self.world: CollectiveOps = sharding.world if sharding is not None else self.collectives
+        self.shards = sharding.shards if sharding is not None else 1
         tensors = self.tensors
         accordion.attach(reducer)
         # The window's Δ and its non-finite counts; no Δ when nothing reads it.
@@ -70,7 +81,7 @@ class BucketedExchange:
         if self.started or self.lr_agreed:
             return
         if lr is not None and self._agrees_lr():
-            lr = self.collectives.agree_max(lr, "lr")
+            lr = self.world.agree_max(lr, "lr")
             self.lr_agreed = True
         if self.accordion.observe_lr(lr):
             self.accordion.apply_levels(self.reducer)
@@ -83,7 +94,7 @@ class BucketedExchange:
     def _agrees_lr(self):
         accordion = self.accordion
         return accordion.adaptive and accordion.detector.lr_decay_factor is not None and \
-            accordion.policy.reads_norms and self.collectives.included() and self.collectives.size() > 1
+            accordion.policy.reads_norms and self.collectives.included() and self.world.size() > 1
 
     def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
@@ -139,7 +150,7 @@ class BucketedExchange:
         last step) and ``record``'s fields; close the window if the step completes one."""
         self.lr_agreed = False
         window_complete = self.accordion.step_done(micro_batches)
-        bytes_sent = self.collectives.take_bytes_sent() if bytes_sent is None else bytes_sent
+        bytes_sent = self._take_bytes_sent() if bytes_sent is None else bytes_sent
         self.accordion.log.record_step(self.accordion.step, bytes_sent, **(record or {}))
         if window_complete:
             self.end_window()
@@ -178,18 +189,19 @@ class BucketedExchange:
                 if accordion.policy.measures_errors else None
             if accordion.check_norm == "local":
                 local = tensors.squared_norms(accumulated)
-                table = tensors.to_floats(collectives.start_allreduce_mean(
-                    local if errors is None else tensors.concat([local, errors]), "norms").wait())
+                table = self._sum_over_shards(local if errors is None else tensors.concat([local, errors]), "norms")
                 squared, errors = table[:len(accumulated)], table[len(accumulated):]
             else:
                 if errors is not None:
-                    errors = tensors.to_floats(collectives.start_allreduce_mean(errors, "errors").wait())
+                    errors = self._sum_over_shards(errors, "errors")
                 # Δ is emptied after a check, so the collective may write the average into it.
-                squared = tensors.to_floats(tensors.squared_norms(collectives.allreduce_means(accumulated, "delta")))
+                squared = tensors.squared_norms(collectives.allreduce_means(accumulated, "delta"))
+                squared = self._sum_over_shards(squared, "norms") if self.world is not collectives \
+                    else tensors.to_floats(squared)
             rungs = len(accordion.ladder)
             errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
                 if errors else None
-            decided = accordion.end_window(squared, errors=errors, bytes_sent=collectives.take_bytes_sent())
+            decided = accordion.end_window(squared, errors=errors, bytes_sent=self._take_bytes_sent())
         else:
             decided = accordion.end_window()
         if decided:
@@ -204,12 +216,22 @@ class BucketedExchange:
             self._warn_non_finite(tensors.to_floats(tensors.read(self.non_finite_counts)))
             tensors.zero(self.non_finite_counts)
 
+    def _sum_over_shards(self, table, name):
+        """Each entry of this rank's ``table`` summed over a layer's shards and averaged over
+        its replicas: the world's mean × the shards (without sharding, the mean over ranks)."""
+        averaged = self.tensors.to_floats(self.world.start_allreduce_mean(table, name).wait())
+        return [self.shards * value for value in averaged]
+
+    def _take_bytes_sent(self):
+        sent = self.collectives.take_bytes_sent()
+        return sent + self.world.take_bytes_sent() if self.world is not self.collectives else sent
+
     def _warn_non_finite(self, counts):
         accordion = self.accordion
         layers = [f"{name!r} ({int(n)} steps)" for name, n in zip(accordion.layer_names, counts) if n > 0]
         if layers:
             warnings.warn(
-                f"rank {self.collectives.rank()}: non-finite gradients in the window that ended at step "
+                f"rank {self.world.rank()}: non-finite gradients in the window that ended at step "
                 f"{accordion.step}: "
                 f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
                 f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
@@ -217,7 +239,7 @@ class BucketedExchange:
     def verify_same_levels(self):
         """``verify_levels``: gather every rank's levels, step and window, and raise on every rank
         if any differ. All ranks see the same gathered rows, so they all raise or none does."""
-        accordion, tensors, collectives = self.accordion, self.tensors, self.collectives
+        accordion, tensors, collectives = self.accordion, self.tensors, self.world
         mine = [float(level) for level in accordion.levels] + [float(accordion.step),
                                                                float(accordion.detector.windows_seen)]
         rows = tensors.to_floats(collectives.start_allgather(tensors.from_floats(mine), "verify_levels").wait())
@@ -231,6 +253,12 @@ class BucketedExchange:
                 f"process set differ from its first rank (levels, step, window; rows {rows}); layers that differ: "
                 f"{layers}")
 
+    def kept_bytes(self):
+        """The bytes of the state kept between steps (the reducer's, Δ and its counts), where the
+        backend's tensors say their size (torch)."""
+        holders = [h for entries in self.reducer.state().values() for h in entries.values()] + self.accumulated
+        return sum(getattr(h, "nbytes", 0) for h in holders)
+
     def state_dict(self):
         """The schedule and the shared compression state (Q, levels), and in ``per_rank``
         what is this rank's own: error-feedback memory, TopK residuals and the window's Δ."""
@@ -238,7 +266,7 @@ class BucketedExchange:
         return {
             "schedule": self.accordion.state_dict(),
             "reducer": self.tensors.export_state(shared),
-            "per_rank": {"rank": self.collectives.rank(), "size": self.collectives.size(),
+            "per_rank": {"rank": self.world.rank(), "size": self.world.size(),
                          "reducer": self.tensors.export_state(per_rank),
                          "accumulated": [self.tensors.copy(total) for total in self.accumulated]},
         }
@@ -259,7 +287,7 @@ class BucketedExchange:
 
     def _resolve_own(self, mine, own):
         """``own``, or by default whether ``mine`` was saved on this rank at this world size."""
-        here = (self.collectives.rank(), self.collectives.size())
+        here = (self.world.rank(), self.world.size())
         return (mine["rank"], mine["size"]) == here if own is None else own
 
     def load_state_dict(self, saved, own=None):
@@ -281,7 +309,7 @@ class BucketedExchange:
         warnings.warn(
             f"this checkpoint's error-feedback state (memory, residuals, the detection window's Δ and any "
             f"large batch in progress) is rank {mine['rank']}'s of {mine['size']}, not this rank's "
-            f"({self.collectives.rank()} of {self.collectives.size()}): it restarts from zero here. Save one "
+            f"({self.world.rank()} of {self.world.size()}): it restarts from zero here. Save one "
             f"state_dict per "
             f"rank to resume exactly.")
         for holder in [*(h for entries in per_rank.values() for h in entries.values()), *self.accumulated]:

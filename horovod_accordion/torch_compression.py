@@ -12,11 +12,23 @@ import torch
 
 from horovod_accordion.compression import PowerSGD, TopK, cast_compressor
 
-__all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor"]
+__all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor", "check_hook_compression", "is_plain"]
 
 
 class PlainCompressor:
     """A compressor with no levels: the gradient itself on the wire, perhaps cast."""
+
+
+def is_plain(compression):
+    """Whether ``compression`` is a plain compressor class (none, fp16), which has no levels."""
+    return isinstance(compression, type) and issubclass(compression, PlainCompressor)
+
+
+def check_hook_compression(compression):
+    """The compressions a torch.distributed hook (DDP's, FSDP's) takes, or a ``ValueError``."""
+    if not (isinstance(compression, (PowerSGD, TopK)) or is_plain(compression)):
+        raise ValueError(f"compression must be Compression.none, Compression.fp16, PowerSGD(low_rank, high_rank) "
+                         f"or TopK(low_fraction, high_fraction), got {compression!r}")
 
 
 class NoneCompressor(PlainCompressor):

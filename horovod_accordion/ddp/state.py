@@ -29,14 +29,14 @@ import torch
 from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
 from horovod_accordion.arguments import (check_on_one_device, check_real_floating,
                                          check_same_exchange_on_all_ranks)
-from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.compression import PowerSGD
 from horovod_accordion.ddp.ops import DistributedCollectives
 from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.metrics import CommunicationLog
 from horovod_accordion.policies import policy_for
 from horovod_accordion.reducers import DenseReducer, make_reducer
 from horovod_accordion.steps import StepDriver
-from horovod_accordion.torch_compression import PlainCompressor
+from horovod_accordion.torch_compression import PlainCompressor, check_hook_compression, is_plain
 from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
 from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
 
@@ -114,9 +114,7 @@ class AccordionState:
                             "model is optional: write AccordionState(compression=..., optimizer=...), or "
                             "AccordionState(compression=..., model=model, optimizer=...) for the model's "
                             "parameter names in logs")
-        if not (isinstance(compression, (PowerSGD, TopK)) or _is_plain(compression)):
-            raise ValueError(f"compression must be Compression.none, Compression.fp16, PowerSGD(low_rank, high_rank) "
-                             f"or TopK(low_fraction, high_fraction), got {compression!r}")
+        check_hook_compression(compression)
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
             raise ValueError(f"start_iter must be an integer >= 0, got {start_iter!r}")
         self.process_group = process_group
@@ -291,7 +289,7 @@ class AccordionState:
 
     def _levels(self):
         """(ℓ_low, ℓ_high) of the compression; ``(None, None)`` for none and fp16."""
-        return (None, None) if _is_plain(self.compression) else tuple(self.compression.levels)
+        return (None, None) if is_plain(self.compression) else tuple(self.compression.levels)
 
     def _bound(self):
         if not self.bound:
@@ -358,10 +356,6 @@ class AccordionState:
 
 # What binding sets: restored whole when a bind fails.
 _BINDING = ("_layer_of", "_names", "_collectives", "_plain", "_exchange", "_steps", "_waiting", "_saved")
-
-
-def _is_plain(compression):
-    return isinstance(compression, type) and issubclass(compression, PlainCompressor)
 
 
 class HookWatch:

@@ -1,0 +1,202 @@
+"""``AccordionState`` for FSDP2: Accordion on the cross-replica all-reduce of hybrid sharding.
+
+::
+
+    mesh = init_device_mesh("cuda", (replicas, shards), mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    state = AccordionState(mesh, compression=PowerSGD(4, 1), model=model, optimizer=optimizer, window_steps=20)
+    for step in ...:
+        loss(model(x)).backward()   # each unit's shard is averaged across replicas here
+        optimizer.step()
+
+FSDP2 reduce-scatters each unit's gradients inside a replica (the fast link, uncompressed),
+then calls the unit's all-reduce hook with this rank's flat shard buffer. The hook averages each
+layer's shard across the replicas (the slow link) with the exchange every backend runs
+(``horovod_accordion.exchange``): PowerSGD sees each shard as its block of rows, and the error
+feedback, Q and Δ are shard-sized, so sharding keeps its memory saving. The detector sums a
+layer's shards' squared norms over the world, so every rank decides alike.
+
+The hook must write the averages into the buffer before it returns, so each unit's phases run
+inside its hook, one after the other; FSDP's next reduce-scatter waits for them.
+"""
+
+import functools
+import io
+import json
+import weakref
+from typing import NamedTuple
+
+import torch
+from torch.autograd import Variable
+
+from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
+from horovod_accordion.arguments import check_real_floating, check_same_exchange_on_all_ranks
+from horovod_accordion.backends import CollectiveOps
+from horovod_accordion.compression import PowerSGD
+from horovod_accordion.ddp.ops import DistributedCollectives
+from horovod_accordion.exchange import BucketedExchange
+from horovod_accordion.fsdp.layout import ShardLayout
+from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.policies import policy_for
+from horovod_accordion.reducers import make_reducer
+from horovod_accordion.steps import StepDriver
+from horovod_accordion.torch_compression import PlainCompressor, check_hook_compression, is_plain
+from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
+from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
+
+__all__ = ["AccordionState"]
+
+
+class _Sharding(NamedTuple):
+    shards: int
+    world: CollectiveOps
+
+
+class AccordionState:
+    """Args:
+        mesh: the 2-D ``DeviceMesh`` of replicas × shards that the model is sharded on (its
+            ``"shard"`` dimension; see ``horovod_accordion.fsdp.layout.ShardLayout``).
+        compression: as ``horovod_accordion.ddp.AccordionState``'s: ``Compression.none``,
+            ``Compression.fp16``, ``PowerSGD(low_rank, high_rank)`` or
+            ``TopK(low_fraction, high_fraction)``, applied to each rank's shard of each layer.
+        model: the module ``fully_shard`` has wrapped, every unit on ``mesh["shard"]``. The
+            state registers its hook on every unit (``set_all_reduce_hook``), has unused
+            parameters reduce-scattered as zeros (so each unit's buffer keeps its layout), and
+            broadcasts the first replica's parameters to the others, as DDP does.
+        optimizer: the optimizer whose first parameter group's ``lr`` the first hook of each
+            step reads, for the learning-rate decay rule; ``None``: call ``observe_lr(lr)``.
+
+    ``eta``, ``interval``, ``window_steps``, ``per_layer``, ``lr_decay_factor``,
+    ``delta_windows``, ``check_norm``, ``verify_levels``, ``log_path``, ``tensorboard_dir``,
+    ``policy``, ``grad_scaler`` and ``bf16_wire`` are as in ``horovod_accordion.ddp.AccordionState``.
+    A step is one backward whose gradients FSDP reduces (``set_requires_gradient_sync(False)``
+    accumulates micro-batches without one). Construction is a collective over the world.
+
+    ``state_dict()`` / ``load_state_dict()`` make the state a ``torch.distributed.checkpoint``
+    ``Stateful``: each rank saves its own shards' state, and a checkpoint made on another layout
+    (mesh, layers, shard shapes) is refused with a ``ValueError`` on every rank.
+    """
+
+    def __init__(self, mesh, compression=PowerSGD(2, 1), *, model, optimizer=None, eta=0.5, interval=10,
+                 window_steps=None, per_layer=True, lr_decay_factor=2.0, delta_windows=1, check_norm="local",
+                 verify_levels=None, log_path=None, tensorboard_dir=None, policy="accordion", grad_scaler=None,
+                 bf16_wire=False):
+        check_hook_compression(compression)
+        layout = ShardLayout(model, mesh)
+        hooked = [unit for unit in layout.units if unit.param_group._all_reduce_hook is not None]
+        if hooked:
+            raise ValueError("this model's units already have an all-reduce hook (another AccordionState?): build "
+                             "one state per model")
+        check_real_floating(layout.names, [p.dtype for p in layout.shard_params],
+                            [p.is_floating_point() for p in layout.shard_params])
+        tensors = TorchTensorOps(layout.shard_params[0].device, bf16_wire)
+        world = DistributedCollectives(tensors)
+        replicas = DistributedCollectives(tensors, layout.replicate_group)
+        levels = (None, None) if is_plain(compression) else tuple(compression.levels)
+        policy = policy_for(policy, levels)
+        check_same_exchange_on_all_ranks(world, layout.names, layout.shapes, [p.dtype for p in layout.shard_params],
+                                         compression, policy)
+        reducer, levels = make_reducer(compression, layout.shapes, tensors, replicas, PlainCompressor)
+        log = CommunicationLog.on_rank(world.rank(), log_path, tensorboard_dir, summary_writer)
+        accordion = Accordion(layout.names, levels, log=log, compressed_layers=reducer.compressed, eta=eta,
+                              interval=interval, window_steps=window_steps, per_layer=per_layer,
+                              lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
+                              verify_levels=verify_levels, policy=policy)
+        self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
+        self._exchange = BucketedExchange(accordion, reducer, layout.shard_params, self._loss_scale,
+                                          sharding=_Sharding(layout.shards, world))
+        self._steps = StepDriver(self._exchange)
+        self._layout, self._optimizer = layout, optimizer
+        self.iter = 0  # the steps averaged
+        self._in_step = False
+        layout.broadcast_from_first_replica()
+        for index, unit in enumerate(layout.units):
+            unit.module.set_reduce_scatter_unused_params(True, recurse=False)
+            unit.module.set_all_reduce_hook(functools.partial(self._on_unit, index))
+        if accordion.adaptive and window_steps is None:
+            weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
+
+    grad_scaler = grad_scaler_property()
+
+    @property
+    def levels(self):
+        """Each compressed layer's level now, by name (a 1-D shard, sent whole, has none)."""
+        return self._exchange.accordion.named_levels
+
+    @property
+    def bytes_sent_last_step(self):
+        """The bytes this rank put on the wire across replicas in the last step; 0 before the first."""
+        sent = self._exchange.accordion.log.bytes_per_step
+        return sent[-1] if sent else 0
+
+    @property
+    def kept_bytes(self):
+        """The bytes of the state this rank keeps between steps: error-feedback memory, Q and Δ
+        of its shards."""
+        return self._exchange.kept_bytes()
+
+    def observe_lr(self, lr):
+        """Tell the detector the learning rate of the coming step (without ``optimizer``). A
+        collective where the decay rule can switch levels: call it on every rank, at the same points."""
+        self._steps.observe_lr(lr)
+
+    def end_epoch(self):
+        """Close an epoch-long detection window. Call it once per epoch, on every rank."""
+        self._exchange.end_epoch()
+
+    def accordion_stats(self):
+        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
+        return dict(self._exchange.accordion.log.as_dict(), levels=self.levels)
+
+    def state_dict(self):
+        """For ``torch.distributed.checkpoint``: the layout, and this rank's state as bytes under
+        its own key (the memories and Δ are its shards')."""
+        buffer = io.BytesIO()
+        torch.save(dict(self._exchange.state_dict(), iter=self.iter), buffer)
+        return {"layout": json.dumps(self._layout.describe()), self._own_key(): buffer.getvalue()}
+
+    def load_state_dict(self, state_dict):
+        """Restore a ``state_dict()`` of the same layout; another layout raises a ``ValueError``
+        on every rank before anything is loaded."""
+        if self._in_step:
+            raise RuntimeError("load_state_dict() during backward")
+        ours, theirs = self._layout.describe(), json.loads(state_dict["layout"])
+        if theirs != ours:
+            differs = sorted(key for key in ours if ours[key] != theirs.get(key))
+            raise ValueError(f"this checkpoint was saved on another layout ({', '.join(differs)} differ): "
+                             f"{theirs['replicas']} replicas × {theirs['shards']} shards against this run's "
+                             f"{ours['replicas']} × {ours['shards']}, and each rank's error feedback is its own "
+                             f"shard's, so it can't resume here")
+        saved = torch.load(io.BytesIO(state_dict[self._own_key()]), weights_only=False)
+        self._exchange.load_state_dict(saved, own=True)
+        self.iter = saved["iter"]
+
+    def _own_key(self):
+        return f"rank{self._exchange.world.rank()}"
+
+    def _on_unit(self, index, flat):
+        """FSDP's all-reduce hook of unit ``index``: overwrite ``flat``, this rank's reduce-scatter
+        output, with each layer's shard averaged across replicas."""
+        unit = self._layout.units[index]
+        if not self._in_step:
+            # After FSDP's own end-of-backward callback, queued before any unit's hook runs.
+            Variable._execution_engine.queue_callback(self._end_step)
+            self._in_step = True
+            if self._optimizer is not None:
+                self._steps.observe_lr(self._optimizer.param_groups[0]["lr"])
+        if not unit.layers:
+            return
+        shards = unit.shards_of(flat)
+        post_divide = unit.post_divide(flat)
+        grads = [shard / post_divide for shard in shards] if post_divide else shards
+        self._exchange.start(index, unit.layers, grads)
+        outputs = self._exchange.finish()
+        for layer, shard in zip(unit.layers, shards):
+            shard.copy_(outputs[layer] * post_divide if post_divide else outputs[layer])
+
+    def _end_step(self):
+        self._in_step = False
+        self.iter += 1
+        self._steps.end_steps()
