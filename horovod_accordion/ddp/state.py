@@ -232,6 +232,12 @@ class AccordionState:
         return sent[-1] if sent else 0
 
     @property
+    def kept_bytes(self):
+        """The bytes of the state this rank keeps between steps (error-feedback memory, Q, Δ):
+        a whole replica's; 0 before the state is bound."""
+        return self._exchange.kept_bytes() if self.bound else 0
+
+    @property
     def levels(self):
         """Each compressed layer's level now, by name; ``{}`` before the state is bound. A tensor
         the compression leaves whole (1-D, or too small to gain) has no level and is not listed."""

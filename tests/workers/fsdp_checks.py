@@ -1,0 +1,412 @@
+"""``horovod_accordion.fsdp`` on 4 real processes (``torchrun``, Gloo): FSDP2 on a 2 replicas ×
+2 shards mesh, where Horovod cannot be imported (``tests/no_horovod`` shadows it).
+
+Global rank ``r·2 + s`` holds shard ``s`` of replica ``r``: ranks {0, 2} and {1, 3} are the
+replica groups that the exchange averages over, {0, 1} and {2, 3} the shard groups that FSDP
+reduce-scatters over."""
+import contextlib
+import functools
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
+
+import horovod_accordion.fsdp.state as fsdp_state
+from horovod_accordion.compression import kept_count
+from horovod_accordion.ddp import AccordionState as DDPAccordionState
+from horovod_accordion.fsdp import AccordionState, Compression, PowerSGD, TopK
+from horovod_accordion.torch_tensors import TorchTensorOps
+from tests.workers.models import Float64State
+
+REPLICAS = SHARDS = 2
+
+
+def setup():
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    return dist.get_rank()
+
+
+@functools.lru_cache(maxsize=None)
+def mesh():
+    return init_device_mesh("cpu", (REPLICAS, SHARDS), mesh_dim_names=("replicate", "shard"))
+
+
+def make_model(seed=0, dtype=torch.float32):
+    """Three units (two blocks and the root, which holds the head); 15 and 3 rows shard unevenly,
+    so some shards are padded, and one rank's head shard is one row of real values, one of padding."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 15), torch.nn.ReLU(),
+                               torch.nn.Linear(15, 3)).to(dtype)
+
+
+def sharded(model, on, **options):
+    for block in (model[0], model[2]):
+        fully_shard(block, mesh=on, **options)
+    return fully_shard(model, mesh=on, **options)
+
+
+def batch(step, scale=1.0, dtype=torch.float32):
+    """Each rank's own data, rank r's inputs (1 + r) times larger; ×``scale``."""
+    generator = torch.Generator().manual_seed(1000 * dist.get_rank() + step)
+    x = torch.randn(8, 12, generator=generator, dtype=torch.float64) * scale * (1 + dist.get_rank())
+    return x.to(dtype), torch.randint(0, 3, (8,), generator=generator)
+
+
+def train(model, optimizer, steps, first=0, decay_at=None, regime_at=None, dtype=torch.float32):
+    """SGD steps; from ``regime_at`` the inputs are ×10 (the detector sees a critical regime),
+    from ``decay_at`` the rate is a quarter."""
+    for step in range(first, first + steps):
+        if step == decay_at:
+            for group in optimizer.param_groups:
+                group["lr"] /= 4
+        optimizer.zero_grad()
+        x, y = batch(step, 10.0 if regime_at is not None and step >= regime_at else 1.0, dtype)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def hooked(compression, seed=0, dtype=torch.float32, **options):
+    model = sharded(make_model(seed, dtype), mesh()["shard"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    options = dict(dict(window_steps=2, interval=1), **options)
+    return model, optimizer, AccordionState(mesh(), compression, model=model, optimizer=optimizer, **options)
+
+
+def every_rank(value):
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def local_shards(model):
+    return [p.to_local().detach().clone() for p in model.parameters()]
+
+
+def check_horovod_is_not_importable_here():
+    assert not [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    raise AssertionError("horovod imported: the test's shadow package is not in front of it")
+
+
+def check_none_equals_native_hsdp_bitwise():
+    """``Compression.none`` on the shards is native HSDP (``fully_shard`` over the 2-D mesh) on the
+    same data, bitwise over 8 steps. The bound is 0 by construction: both reduce-scatter alike over
+    the shard group, then average 2 replicas, which rounds once (a + b) and halves exactly, so every
+    gradient, hence every update, is the same float."""
+    ours, our_optimizer, state = hooked(Compression.none)
+    train(ours, our_optimizer, 8)
+    native = sharded(make_model(), mesh())
+    native_optimizer = torch.optim.SGD(native.parameters(), lr=0.1, momentum=0.9)
+    train(native, native_optimizer, 8)
+    for name, p, q in zip([n for n, _ in ours.named_parameters()], local_shards(ours), local_shards(native)):
+        assert torch.equal(p, q), (name, float((p - q).abs().max()))
+    assert state.iter == 8 and len(state.accordion_stats()["bytes_per_step"]) == 8
+    return {"steps": 8}
+
+
+class Float64Tensors(Float64State, TorchTensorOps):
+    """The reducer's maths and state in fp64, so that the comparison with the reference holds far
+    above rounding on any CPU."""
+
+
+@contextlib.contextmanager
+def float64_reducers():
+    """States built inside compute in fp64 (the tensor maths, not the collectives, are replaced)."""
+    fsdp_state.TorchTensorOps = Float64Tensors
+    try:
+        yield
+    finally:
+        fsdp_state.TorchTensorOps = TorchTensorOps
+
+
+class Recorder:
+    """What each step of a state's exchange took in and gave out, and the levels and reducer state
+    it started from (read at its first bucket: a decay seen there switches levels for the step)."""
+
+    def __init__(self, state):
+        self.state, self.exchange = state, state._exchange
+        self.steps = []
+        start, finish = self.exchange.start, self.exchange.finish
+
+        def recording_start(bucket, layers, grads, **options):
+            if not self.steps or self.steps[-1]["step"] != state.iter:
+                self.steps.append({"step": state.iter, "inputs": {}, "outputs": {}, "levels": dict(state.levels),
+                                   "state": self.reducer_state()})
+            self.steps[-1]["inputs"].update({layer: grad.clone() for layer, grad in zip(layers, grads)})
+            return start(bucket, layers, grads, **options)
+
+        def recording_finish():
+            outputs = finish()
+            self.steps[-1]["outputs"].update({layer: value.clone() for layer, value in outputs.items()})
+            return outputs
+
+        self.exchange.start, self.exchange.finish = recording_start, recording_finish
+
+    def reducer_state(self):
+        return {group: {layer: (holder.clone() if isinstance(holder, torch.Tensor) else getattr(holder, "value", holder))
+                        for layer, holder in entries.items()} for group, entries in self.exchange.reducer.state().items()}
+
+    def end(self):
+        """The state after the last step, where the next step's would be."""
+        self.steps.append({"step": self.state.iter, "state": self.reducer_state()})
+
+
+def reference_powersgd(grads, memories, q, rank, matrix):
+    """One step of PowerSGD on one layer's shard over its replicas, in fp64 (Vogels et al. Alg. 1):
+    the average, each replica's new memory and the new Q."""
+    ms = [g.reshape(matrix) + memory for g, memory in zip(grads, memories)]
+    query = q[:, :rank]
+    p = sum(m @ query for m in ms) / len(ms)
+    if rank == 1:
+        p = p / torch.linalg.vector_norm(p)
+    else:
+        p = torch.linalg.qr(p).Q
+    new_q = sum(m.T @ p for m in ms) / len(ms)
+    out = p @ new_q.T
+    return out, [m - out for m in ms], new_q
+
+
+def reference_topk(grads, residuals, fraction):
+    """One step of TopK with error feedback on one layer's shard over its replicas, in fp64."""
+    ms = [g.reshape(-1) + residual for g, residual in zip(grads, residuals)]
+    k = kept_count(fraction, ms[0].numel())
+    kept, rests = [], []
+    for m in ms:
+        indices = torch.topk(m.abs(), k).indices
+        ordered = m.abs().sort(descending=True).values
+        if k < m.numel():  # m is the same fp64 sum as the reducer's: only a tie of non-zeros could select otherwise
+            assert ordered[k - 1] > ordered[k] or ordered[k] == 0, "a tie at the TopK boundary"
+        sparse = torch.zeros_like(m)
+        sparse[indices] = m[indices]
+        kept.append(sparse)
+        rests.append(m - sparse)
+    return sum(kept) / len(kept), rests
+
+
+def check_powersgd_and_topk_equal_a_float64_reference_through_switches_and_a_decay():
+    """PowerSGD 2/1 and TopK 0.5/0.1 on the shards, in fp64, over 14 steps with windows of 2: inputs
+    ×10 from step 6 (a critical regime) and the rate a quarter from step 10 (a decay). Every step,
+    on every shard, the averages, the memories or residuals and Q equal a separate fp64 reference
+    of the per-shard algorithm, run from the same state on the 2 replicas' inputs; the levels
+    switch both ways and the decay is seen. Bound: each reference value is a short sum of products
+    of the same fp64 inputs in another order, so the two differ by a few hundred ulps of the
+    largest term; 1e-10 relative to it is above that and far below any algorithmic difference.
+    The detector's norms are checked against the reference too: a layer's squared norm is the
+    sum of its shards' over each replica, averaged over replicas."""
+    report = {}
+    for name, compression in {"powersgd": PowerSGD(2, 1, min_compression_rate=0),
+                              "topk": TopK(0.5, 0.1, wire="dense")}.items():
+        with float64_reducers():
+            model, optimizer, state = hooked(compression, dtype=torch.float64, lr_decay_factor=2.0)
+        recorder = Recorder(state)
+        train(model, optimizer, 14, decay_at=10, regime_at=6, dtype=torch.float64)
+        recorder.end()
+        history = [(c["event"], c["step"], c["levels"]) for c in state.accordion_stats()["checks"]]
+        seen = {level for _, _, levels in history for level in levels.values()}
+        assert seen == set(compression.levels), (name, history)
+        assert any(event == "lr_decay" for event, _, _ in history), (name, history)
+        reducer = state._exchange.reducer
+        steps = every_rank(recorder.steps)
+        worst = 0.0
+        for shard in range(SHARDS):
+            ranks = [replica * SHARDS + shard for replica in range(REPLICAS)]
+            for t in range(14):
+                before, after = [steps[r][t]["state"] for r in ranks], [steps[r][t + 1]["state"] for r in ranks]
+                for layer in steps[ranks[0]][t]["inputs"]:
+                    grads = [steps[r][t]["inputs"][layer] for r in ranks]
+                    outputs = [steps[r][t]["outputs"][layer] for r in ranks]
+                    if name == "powersgd" and layer in before[0]["ranks"]:
+                        out, memories, new_q = reference_powersgd(
+                            grads, [b["memory"][layer] for b in before], before[0]["q"][layer],
+                            before[0]["ranks"][layer], reducer.matrices[layer])
+                        pairs = [(out, o.reshape(out.shape)) for o in outputs]
+                        pairs += [(m, a["memory"][layer]) for m, a in zip(memories, after)]
+                        rank = before[0]["ranks"][layer]
+                        pairs += [(new_q, a["q"][layer][:, :rank]) for a in after]
+                    elif name == "topk" and layer in before[0]["fractions"]:
+                        out, rests = reference_topk(grads, [b["residual"][layer] for b in before],
+                                                    before[0]["fractions"][layer])
+                        pairs = [(out, o.reshape(-1)) for o in outputs]
+                        pairs += [(r, a["residual"][layer]) for r, a in zip(rests, after)]
+                    else:
+                        out = sum(grads) / len(grads)
+                        pairs = [(out, o) for o in outputs]
+                    for expected, got in pairs:
+                        scale = float(expected.abs().max()) or 1.0
+                        error = float((expected - got).abs().max()) / scale
+                        assert error <= 1e-10, (name, shard, t, layer, error)
+                        worst = max(worst, error)
+        assert_detector_norms(name, state, steps)
+        report[name] = {"worst relative error": worst, "checks": history}
+    return report
+
+
+def assert_detector_norms(name, state, steps):
+    """Each check's logged norm of a layer (local: √ of the mean over replicas of ‖Δ‖², Δ the
+    window's summed gradient of the whole layer, over the micro-batches in it) equals the reference
+    from every rank's shard inputs; both sum the same fp64 values, in another order."""
+    names = state._exchange.accordion.layer_names
+    for check in state.accordion_stats()["checks"]:
+        if check["event"] != "check":
+            continue
+        window = range(check["step"] - 2, check["step"])
+        for layer, logged in check["norms"].items():
+            k = names.index(layer)
+            per_replica = [sum(float(sum(steps[r * SHARDS + s][t]["inputs"][k] for t in window).pow(2).sum())
+                               for s in range(SHARDS)) for r in range(REPLICAS)]
+            expected = math.sqrt(sum(per_replica) / REPLICAS) / len(window)  # per micro-batch in Δ
+            assert abs(logged - expected) <= 1e-10 * expected, (name, check["step"], layer, logged, expected)
+
+
+def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
+    """fp32, as users train: the levels, checks and bytes are the same on every rank, both levels
+    are used, and each step's bytes are the formula for the padded shards at the step's levels:
+    PowerSGD sends P (n × r) and Q (m × r) of each compressed shard and every 1-D shard whole; TopK
+    (dense wire at 2 replicas for these sizes, or the sparse one when cheaper) its kept entries."""
+    report = {}
+    for name, compression in {"powersgd": PowerSGD(2, 1, min_compression_rate=0), "topk": TopK(0.5, 0.1)}.items():
+        model, optimizer, state = hooked(compression, verify_levels=True)
+        recorder = Recorder(state)
+        train(model, optimizer, 14, decay_at=10, regime_at=6)
+        levels_per_step = [step["levels"] for step in recorder.steps]
+        stats = state.accordion_stats()
+        history = [(c["event"], c["step"], c["levels"]) for c in stats["checks"]]
+        assert all(h == history for h in every_rank(history)), name
+        assert {level for _, _, levels in history for level in levels.values()} == set(compression.levels), history
+        layout = state._layout
+        for step, levels in enumerate(levels_per_step):
+            expected = 0
+            for layer_name, shape in zip(layout.names, layout.shapes):
+                numel = shape.numel()
+                if layer_name not in levels:
+                    expected += 4 * numel
+                elif name == "powersgd":
+                    expected += 4 * levels[layer_name] * (shape[0] + numel // shape[0])
+                else:
+                    k = kept_count(levels[layer_name], numel)
+                    sparse = k < -(-8 * numel // ((4 + 2) * REPLICAS))
+                    expected += 4 * (k + (k + 1) // 2) if sparse else 4 * numel
+            assert stats["bytes_per_step"][step] == expected, (name, step, stats["bytes_per_step"][step], expected)
+        report[name] = {"bytes_per_step": stats["bytes_per_step"], "checks": history}
+    return report
+
+
+def check_kept_state_is_one_shard_against_a_full_replica_for_ddp():
+    """The state kept per rank is its shards': the error-feedback memory and Δ of each padded shard
+    (fp32), and Q (m × ℓ_low, as large as a whole layer's: it is shared by the rows). Against the
+    DDP hook's state for the same model, which keeps them for whole layers: each is its formula."""
+    _, _, state = hooked(PowerSGD(2, 1, min_compression_rate=0))
+    whole = make_model()
+    ddp = DDPAccordionState(compression=PowerSGD(2, 1, min_compression_rate=0), model=whole, window_steps=2)
+
+    def formula(shapes):
+        return sum(4 * shape.numel() * (2 if len(shape) == 2 else 1) + (4 * shape[1] * 2 if len(shape) == 2 else 0)
+                   for shape in shapes)
+    assert state.kept_bytes == formula(state._layout.shapes), (state.kept_bytes, formula(state._layout.shapes))
+    assert ddp.kept_bytes == formula([p.shape for p in whole.parameters()]), ddp.kept_bytes
+    ddp._hook_watch.ran = True  # built to be measured, not to train
+    return {"fsdp bytes per rank": state.kept_bytes, "ddp bytes per rank": ddp.kept_bytes,
+            "ratio": round(state.kept_bytes / ddp.kept_bytes, 3)}
+
+
+def check_mixed_precision_trains_with_every_replica_alike():
+    """bf16 parameters reduced in fp32, and fp16 ones reduced in fp16 (``MixedPrecisionPolicy``),
+    where FSDP pre-divides before its reduce-scatter and post-divides after the hook (by 1 at 2
+    shards): adaptive PowerSGD trains on both, its inputs finite, and the 2 replicas of every
+    shard end bitwise alike."""
+    report = {}
+    for param_dtype, reduce_dtype in ((torch.bfloat16, torch.float32), (torch.float16, torch.float16)):
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        model = sharded(make_model(), mesh()["shard"], mp_policy=policy)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = AccordionState(mesh(), PowerSGD(2, 1, min_compression_rate=0), model=model, optimizer=optimizer,
+                               window_steps=2, interval=1)
+        recorder = Recorder(state)
+        train(model, optimizer, 6)
+        shards = every_rank(local_shards(model))
+        for r in range(dist.get_world_size()):
+            twin = (r + SHARDS) % dist.get_world_size()
+            assert all(torch.equal(a, b) for a, b in zip(shards[r], shards[twin])), (str(reduce_dtype), r)
+        inputs = [g for step in recorder.steps for g in step["inputs"].values()]
+        assert all(g.dtype == reduce_dtype and torch.isfinite(g).all() for g in inputs), str(reduce_dtype)
+        report[f"{param_dtype} reduced in {reduce_dtype}"] = state.accordion_stats()["checks"][-1]["levels"]
+    return report
+
+
+def check_misuse_is_refused_at_construction_with_the_reason():
+    """A 1-D mesh, native HSDP (units on the 2-D mesh), a unit on another mesh, a parameter sharded
+    on dim 1, a custom divide factor, a parameter outside every unit, a model never sharded, a
+    second state on the same model, a wrong compression: each a clear error, on every rank."""
+    said = {}
+
+    def refused(make, expected):
+        try:
+            make()
+        except (TypeError, ValueError) as error:
+            assert expected in str(error), (expected, str(error))
+            said[expected] = str(error)
+            return
+        raise AssertionError(f"not refused: {expected}")
+
+    one_d = init_device_mesh("cpu", (4,))
+    refused(lambda: AccordionState(one_d, model=sharded(make_model(), one_d)), "without a replicate dimension")
+    refused(lambda: AccordionState(mesh(), model=sharded(make_model(), mesh())), "native HSDP")
+    refused(lambda: AccordionState(mesh(), model=sharded(make_model(), mesh()["replicate"])), "not over this mesh's")
+
+    def on_dim_1():
+        model = make_model()
+        fully_shard(model, mesh=mesh()["shard"], shard_placement_fn=lambda p: Shard(1 if p.dim() == 2 and p.shape[1] % 2 == 0 else 0))
+        return AccordionState(mesh(), model=model)
+    refused(on_dim_1, "is sharded on dim 1")
+
+    def divided():
+        model = sharded(make_model(), mesh()["shard"])
+        model.set_gradient_divide_factor(8.0)
+        return AccordionState(mesh(), model=model)
+    refused(divided, "custom gradient divide factor")
+
+    def outside():
+        model = make_model()
+        fully_shard(model[0], mesh=mesh()["shard"])
+        return AccordionState(mesh(), model=model)
+    refused(outside, "outside every fully_shard unit")
+    refused(lambda: AccordionState(mesh(), model=make_model()), "has no fully_shard unit")
+
+    def twice():
+        model = sharded(make_model(), mesh()["shard"])
+        AccordionState(mesh(), model=model)
+        return AccordionState(mesh(), model=model)
+    refused(twice, "already have an all-reduce hook")
+    refused(lambda: AccordionState(mesh(), "powersgd", model=sharded(make_model(), mesh()["shard"])),
+            "compression must be")
+    return said
+
+
+def shared_dir():
+    return os.environ["ACCORDION_SHARED_DIR"]
+
+
+def check_a_checkpoint_is_saved_mid_run_and_the_run_goes_on():
+    """Adaptive PowerSGD, 6 steps, a DCP checkpoint of the model, the optimizer and the state (in
+    the middle of a window: 1 step into it), then 7 more: ``fsdp_resume_checks`` resumes from the
+    checkpoint in a new launch and must reach bitwise this run's end."""
+    model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0), window_steps=4)
+    train(model, optimizer, 5, regime_at=3)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state, "accordion": state},
+             checkpoint_id=os.path.join(shared_dir(), "checkpoint"))
+    train(model, optimizer, 7, first=5, regime_at=3)
+    torch.save({"shards": local_shards(model), "stats": state.accordion_stats(), "iter": state.iter},
+               os.path.join(shared_dir(), f"end{dist.get_rank()}.pt"))
+    return {"levels": state.levels, "iter": state.iter}
