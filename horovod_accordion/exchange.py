@@ -23,6 +23,7 @@ layer runs at the same level.
 """
 
 import warnings
+from typing import Optional
 
 from horovod_accordion.backends import CollectiveOps, EagerTensorOps, Sharding
 from horovod_accordion.reducers import BucketReduction, split_state
@@ -45,7 +46,7 @@ class BucketedExchange:
             layer whole.
     """
 
-    def __init__(self, accordion, reducer, params, loss_scale=None, sharding: Sharding = None):
+    def __init__(self, accordion, reducer, params, loss_scale=None, sharding: Optional[Sharding] = None):
         self.accordion, self.reducer = accordion, reducer
         self.loss_scale = loss_scale if accordion.keeps_delta or reducer.per_rank else None
         self.scale = None  # the loss scale of the step in progress

@@ -1,6 +1,7 @@
 """The getting-started scripts run as written, each on 2 Gloo ranks, switching from ℓ_low to
 ℓ_high: docs/getting-started/torch.md, docs/getting-started/keras.md, docs/getting-started/keras3.md
-and docs/getting-started/tensorflow.md with horovodrun, docs/getting-started/ddp.md with torchrun.
+and docs/getting-started/tensorflow.md with horovodrun, docs/getting-started/ddp.md with torchrun,
+docs/getting-started/fsdp.md with torchrun on 4 (2 replicas × 2 shards).
 The README.md shows the first two, and must show them unchanged."""
 import pathlib
 import re
@@ -12,7 +13,8 @@ import pytest
 from tests.conftest import REPO, free_port, worker_env
 from tests.test_docs import code_blocks
 
-PAGES = ["torch", "keras", "keras3", "tensorflow", "ddp"]
+PAGES = ["torch", "keras", "keras3", "tensorflow", "ddp", "fsdp"]
+TORCHRUN_PROCESSES = {"ddp": 2, "fsdp": 4}
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
 
@@ -26,8 +28,8 @@ def script_of(page):
 def test_the_getting_started_script_switches_levels_when_run_as_written(name, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(script_of(REPO / "docs" / "getting-started" / f"{name}.md"))
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                "127.0.0.1", "--master_port", str(free_port())] if name == "ddp" else \
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(TORCHRUN_PROCESSES[name]),
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port())] if name in TORCHRUN_PROCESSES else \
         [HOROVODRUN, "-np", "2", "--gloo", sys.executable]
     env = worker_env({"TF_USE_LEGACY_KERAS": ""} if name == "keras3" else None)
     result = subprocess.run([*launcher, str(script)], cwd=tmp_path, env=env,
