@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from horovod_accordion.advise.__main__ import main as advise
+from horovod_accordion.advise.hsdp import predict_hsdp, shard_shape
 from horovod_accordion.advise.predict import predict
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
 from horovod_accordion.advise.wire import Link, collective_seconds, parse_link
@@ -190,3 +191,22 @@ def test_the_grace_model_tables_are_resnet50_and_vgg19():
     assert p.collectives == [("allreduce", 4)] and q.collectives == [("allreduce", 4 * 256 * 64)]
     selection, _ = grace["tensor_segments"]((3, 3, 64, 64), "topk", 0.01, 0.0)
     assert selection.collectives == [("allgather", 8 * 368)]
+
+
+def test_hybrid_sharding_adds_the_fast_collectives_and_each_units_exchange_by_hand():
+    """One 4 MB layer on 2 shards × 2 replicas. Fast link 10 MB/s, 1 ms per hop: two all-gathers of
+    2 MB per rank (0.201 s each) and one reduce-scatter of 4 MB (1 step of 2 MB: 0.201 s). Slow link
+    1 MB/s: the unit's 0.1 s of maths, then its 2 MB allreduce over 2 replicas (2 steps, 2 MB moved:
+    2.002 s), nothing overlapped. Compute: forward 1 s, backward 2 s, the optimizer's 0.4 s on half
+    the parameters."""
+    exchange = {"buckets": [{"layers": [0], "fusable": False,
+                             "segments": [{"compute_s": [0.1], "collectives": [["allreduce", 2e6]]}]}],
+                "check_s": [], "check_collectives": []}
+    profile = {"compute": {"forward_s": [1.0], "backward_s": [2.0], "optimizer_s": [0.4]},
+               "layers": [{"name": "w", "shape": [1000, 1000], "bytes": 4e6}],
+               "exchanges": {"none": {"hsdp:2": {"2": {"fixed": exchange}}}}}
+    fast = Link("80mbit", 80e6, latency_s=1e-3)
+    predicted = predict_hsdp(profile, "none", 2, 2, fast, SLOW)
+    assert predicted["median"] == pytest.approx(3.2 + 3 * 0.201 + 0.1 + 2.002)
+    assert collective_seconds("reduce_scatter", 4e6, 2, fast) == pytest.approx(0.201)
+    assert shard_shape((15, 16), 2) == (8, 16) and shard_shape((3,), 4) == (1,)

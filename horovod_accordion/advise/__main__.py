@@ -4,6 +4,8 @@
     python -m horovod_accordion.advise --profile my_profile.json \\
         --workers 4,16,64 --link 10gbit,100gbit          # offline, from a profile saved with --save-profile
     python -m horovod_accordion.advise --model mypackage.models:make_model --input-shape 3,224,224 --batch 32
+    python -m horovod_accordion.advise --model resnet18-cifar --layout hsdp --shards 8 --fast-link 400gbit \
+        --workers 2,4 --link 25gbit                  # FSDP2 hybrid sharding: the workers are replicas
 """
 
 import argparse
@@ -11,6 +13,7 @@ import importlib
 import json
 import sys
 
+from horovod_accordion.advise.hsdp import hsdp_layout, predict_hsdp
 from horovod_accordion.advise.predict import low_fraction_from_study, predict, unreliable_times
 from horovod_accordion.advise.report import plot, table, trust_warning, verdicts
 from horovod_accordion.advise.variants import LAYOUTS, parse_variant
@@ -80,7 +83,7 @@ def _saved_profile(parser, path):
         parser.error(f"argument --profile: cannot read a profile from {path!r}: {error}")
 
 
-def _profile(parser, args, variants, workers):
+def _profile(parser, args, variants, workers, layouts):
     """Measure the model on this device (the only path that imports torch)."""
     import torch
 
@@ -112,7 +115,7 @@ def _profile(parser, args, variants, workers):
     description = {"model": args.model, "input_shape": list(shape), "batch": batch,
                    "command": "python -m horovod_accordion.advise " + " ".join(sys.argv[1:])}
     return profile_model(model, inputs, targets, variants, sorted(set(workers + args.profile_workers)),
-                         repeats=args.repeats, description=description)
+                         layouts=layouts, repeats=args.repeats, description=description)
 
 
 def main(argv=None):
@@ -139,8 +142,12 @@ def main(argv=None):
     parser.add_argument("--shared-by", type=_positive, default=1, help="ranks sharing one link (1 on a switched network)")
     parser.add_argument("--algorithm", choices=["ring", "tree"], default="ring",
                         help="allreduce algorithm; tree: NCCL's, with 2·log2(W) latency steps")
-    parser.add_argument("--layout", choices=LAYOUTS, default="horovod",
-                        help="our Horovod optimizer's buckets, or DDP's (our DDP hook)")
+    parser.add_argument("--layout", choices=LAYOUTS + ("hsdp",), default="horovod",
+                        help="our Horovod optimizer's buckets, DDP's (our DDP hook), or FSDP2's hybrid sharding "
+                             "(horovod_accordion.fsdp: --workers are then replicas, of --shards ranks each)")
+    parser.add_argument("--shards", type=_positive, default=8, help="hsdp: the ranks of a replica (a node's GPUs)")
+    parser.add_argument("--fast-link", type=_links, default="400gbit",
+                        help="hsdp: the link inside a replica, for FSDP's all-gathers and reduce-scatters")
     parser.add_argument("--low-fraction", type=_low_fraction, default="0.5",
                         help="Accordion's fraction of steps at ℓ_low: a number, or study:PATH/summary.json")
     parser.add_argument("--check-every", type=_positive, default=1, help="steps per Accordion check (window_steps·interval)")
@@ -153,10 +160,12 @@ def main(argv=None):
         variants.insert(0, parse_variant("none"))
         names.insert(0, "none")
     links = [parse_link(name, args.latency_us * 1e-6, args.shared_by) for name in args.link]
+    layout = hsdp_layout(args.shards) if args.layout == "hsdp" else args.layout
+    fast_link = parse_link(args.fast_link[0], args.latency_us * 1e-6)
     if args.profile:
         profile = _saved_profile(parser, args.profile)
     else:
-        profile = _profile(parser, args, variants, args.workers)
+        profile = _profile(parser, args, variants, args.workers, LAYOUTS + ((layout,) if args.layout == "hsdp" else ()))
         if args.save_profile:
             with open(args.save_profile, "w") as stream:
                 json.dump(profile, stream, indent=1)
@@ -173,17 +182,21 @@ def main(argv=None):
         for link in links:
             for w in args.workers:
                 try:
-                    results[(link.name, w, variant.name)] = predict(
-                        profile, variant.name, args.layout, w, link, args.algorithm, fraction, args.check_every)
+                    results[(link.name, w, variant.name)] = predict_hsdp(
+                        profile, variant.name, args.shards, w, fast_link, link, fraction, args.check_every) \
+                        if args.layout == "hsdp" else predict(
+                        profile, variant.name, layout, w, link, args.algorithm, fraction, args.check_every)
                 except KeyError as error:
                     raise SystemExit(error.args[0]) from None
+    arrangement = f"hybrid sharding, {args.shards} shards per replica on {fast_link.name}, the workers are " \
+        f"replicas" if args.layout == "hsdp" else f"{args.algorithm} collectives, {args.layout} buckets"
     print(f"{profile.get('model')} on {profile.get('device')} ({profile.get('threads')} threads), batch "
-          f"{profile.get('batch')} per worker; {args.algorithm} collectives, {args.layout} buckets; milliseconds per "
-          f"step, the range from the profile's spread")
+          f"{profile.get('batch')} per worker; {arrangement}; milliseconds per step, the range from the profile's "
+          f"spread")
     print(table(results, args.workers, links, names))
     print()
     print("\n".join(verdicts(results, args.workers, links, names)
-                    + trust_warning(unreliable_times(profile, names, args.layout, args.workers))))
+                    + trust_warning(unreliable_times(profile, names, layout, args.workers))))
     written = plot(results, args.workers, links, names, args.png)
     print(f"wrote {written}" if written else
           "no picture: matplotlib is not installed; pip install 'horovod_accordion[plot]' to draw it")

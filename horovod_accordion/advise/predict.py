@@ -12,7 +12,7 @@ import statistics
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
 from horovod_accordion.advise.wire import collective_seconds
 
-__all__ = ["STATISTICS", "SPREAD_LIMIT", "predict", "low_fraction_from_study", "step_of", "unreliable_times"]
+__all__ = ["STATISTICS", "SPREAD_LIMIT", "exchange_of", "predict", "low_fraction_from_study", "step_of", "unreliable_times"]
 
 STATISTICS = {"fastest": min, "median": statistics.median, "slowest": max}
 # A profiled time whose slowest repeat took more than this many times its fastest was measured on
@@ -22,7 +22,8 @@ SPREAD_LIMIT = 2.0
 SHARE_THAT_MATTERS = 0.05
 
 
-def _exchange(profile, variant, layout, workers):
+def exchange_of(profile, variant, layout, workers):
+    """The profiled exchange of ``variant`` in ``layout`` on ``workers``: ``{level key: exchange}``."""
     try:
         return profile["exchanges"][variant][layout][str(workers)]
     except KeyError:
@@ -46,7 +47,7 @@ def step_of(profile, exchange, statistic):
 
 def predict(profile, variant, layout, workers, link, algorithm="ring", low_fraction=0.5, check_every=1):
     """``{"fastest", "median", "slowest"}`` seconds per step of ``variant`` (a profiled name)."""
-    levels = _exchange(profile, variant, layout, workers)
+    levels = exchange_of(profile, variant, layout, workers)
     weights = {"fixed": 1.0} if "fixed" in levels else {"low": low_fraction, "high": 1.0 - low_fraction}
     if not 0 <= low_fraction <= 1:
         raise ValueError(f"the fraction of steps at ℓ_low must be in [0, 1], got {low_fraction!r}")
@@ -89,7 +90,7 @@ def _timed_quantities(profile, variants, layout, workers):
                                                              compute["optimizer_s"])]
     for variant in variants:
         for w in workers:
-            for key, exchange in _exchange(profile, variant, layout, w).items():
+            for key, exchange in exchange_of(profile, variant, layout, w).items():
                 level = "" if key == "fixed" else f" at ℓ_{key}"
                 segments = [segment["compute_s"] for bucket in exchange["buckets"] for segment in bucket["segments"]]
                 yield f"{variant}'s exchange on {w} workers{level}", [sum(repeat) for repeat in zip(*segments)]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from horovod_accordion.accordion import Accordion
+from horovod_accordion.advise.hsdp import shard_shape, shards_of
 from horovod_accordion.advise.variants import LAYOUTS
 from horovod_accordion.buckets import assign_buckets
 from horovod_accordion.collectives import Collectives, Done
@@ -24,7 +25,7 @@ from horovod_accordion.reducers import make_reducer
 from horovod_accordion.torch_compression import Compression, PlainCompressor
 from horovod_accordion.torch_tensors import TorchTensorOps
 
-__all__ = ["SimulatedWorld", "layout_buckets", "measure_compute", "measure_exchange", "profile_model"]
+__all__ = ["SimulatedWorld", "layout_buckets", "measure_compute", "measure_exchange", "padded_shard", "profile_model"]
 
 BUCKET_CAP_MB = 25  # the default of our optimizer and of DDP
 
@@ -72,8 +73,10 @@ class SimulatedWorld(Collectives):
 def layout_buckets(layout, variant, byte_sizes):
     """``(buckets, fusable)``: the layers of each bucket in the order they start, and whether
     its collectives are Horovod-fused dense allreduces (our optimizer's dense path)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout not in LAYOUTS and shards_of(layout) is None:
+        raise ValueError(f"layout must be one of {LAYOUTS} or hsdp:SHARDS, got {layout!r}")
+    if shards_of(layout) is not None:  # an FSDP unit's exchange runs whole in its hook, as it comes
+        return [[layer] for layer in reversed(range(len(byte_sizes)))], False
     if layout == "horovod" and variant.cast is not None:
         return [[layer] for layer in reversed(range(len(byte_sizes)))], True
     return assign_buckets(byte_sizes, BUCKET_CAP_MB), False
@@ -177,9 +180,20 @@ def measure_exchange(names, grads, variant, layout, workers, level_key, repeats,
             "check_collectives": [list(c) for c in check_collectives]}
 
 
+def padded_shard(grad, shards):
+    """The first shard of ``grad`` as FSDP2 lays it out: its first rows, zero-padded."""
+    if grad.dim() == 0:
+        return grad.clone()
+    shard = grad.new_zeros(shard_shape(tuple(grad.shape), shards))
+    rows = grad[:shard.shape[0]]
+    shard[:rows.shape[0]] = rows
+    return shard
+
+
 def profile_model(model, inputs, targets, variants, workers, layouts=LAYOUTS, repeats=5, description=None):
     """The JSON profile of ``model`` on this device: compute, and every variant's exchange per
-    layout, world size and level."""
+    layout, world size and level. In an ``hsdp:S`` layout the exchange is of each gradient's
+    padded shard (its first ⌈rows / S⌉ rows), and the world sizes count replicas."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     compute = measure_compute(model, inputs, targets, repeats)
     model.zero_grad()
@@ -188,10 +202,11 @@ def profile_model(model, inputs, targets, variants, workers, layouts=LAYOUTS, re
     exchanges = {}
     for variant in variants:
         for layout in layouts:
+            exchanged = grads if shards_of(layout) is None else [padded_shard(g, shards_of(layout)) for g in grads]
             for w in workers:
                 for key in variant.level_keys:
                     exchanges.setdefault(variant.name, {}).setdefault(layout, {}).setdefault(str(w), {})[key] = \
-                        measure_exchange(names, grads, variant, layout, w, key, repeats)
+                        measure_exchange(names, exchanged, variant, layout, w, key, repeats)
     return {
         "format": 1,
         **(description or {}),

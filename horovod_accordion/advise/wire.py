@@ -6,7 +6,9 @@ over one rank's bandwidth β:
 - allreduce of B bytes per rank: 2(W−1) steps of B/W bytes (reduce-scatter, then allgather),
   so 2(W−1)·α + 2(W−1)/W·B/β;
 - allgather of B bytes per rank (W·B gathered): W−1 steps of B bytes, so
-  (W−1)·α + (W−1)/W·(W·B)/β.
+  (W−1)·α + (W−1)/W·(W·B)/β;
+- reduce-scatter of B bytes per rank (B/W kept): W−1 steps of B/W bytes, so
+  (W−1)·α + (W−1)/W·B/β (FSDP's, inside a replica).
 
 NCCL's tree (a double binary tree, used for allreduce only) is modelled with the ring's
 bandwidth term, which both reach in the large-message limit, and 2·⌈log2 W⌉ latency steps.
@@ -47,7 +49,7 @@ def parse_link(text, latency_s=5e-6, shared_by=1):
 
 
 def collective_seconds(kind, bytes_per_rank, workers, link, algorithm="ring"):
-    """Seconds for one ``allreduce`` or ``allgather`` of ``bytes_per_rank`` bytes per rank."""
+    """Seconds for one ``allreduce``, ``allgather`` or ``reduce_scatter`` of ``bytes_per_rank`` bytes per rank."""
     if workers < 2 or bytes_per_rank == 0:
         return 0.0
     if algorithm not in ("ring", "tree"):
@@ -58,6 +60,8 @@ def collective_seconds(kind, bytes_per_rank, workers, link, algorithm="ring"):
             steps = 2 * math.ceil(math.log2(workers))
     elif kind == "allgather":
         steps, moved = workers - 1, (workers - 1) * bytes_per_rank
+    elif kind == "reduce_scatter":
+        steps, moved = workers - 1, (workers - 1) / workers * bytes_per_rank
     else:
-        raise ValueError(f"a collective is 'allreduce' or 'allgather', got {kind!r}")
+        raise ValueError(f"a collective is 'allreduce', 'allgather' or 'reduce_scatter', got {kind!r}")
     return steps * link.latency_s + moved / link.bytes_per_s

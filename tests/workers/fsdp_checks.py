@@ -19,6 +19,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 import horovod_accordion.fsdp.state as fsdp_state
+from horovod_accordion.advise.profile import measure_exchange, padded_shard
+from horovod_accordion.advise.variants import Variant, parse_variant
 from horovod_accordion.compression import kept_count
 from horovod_accordion.ddp import AccordionState as DDPAccordionState
 from horovod_accordion.fsdp import AccordionState, Compression, PowerSGD, TopK
@@ -410,3 +412,26 @@ def check_a_checkpoint_is_saved_mid_run_and_the_run_goes_on():
     torch.save({"shards": local_shards(model), "stats": state.accordion_stats(), "iter": state.iter},
                os.path.join(shared_dir(), f"end{dist.get_rank()}.pt"))
     return {"levels": state.levels, "iter": state.iter}
+
+
+def check_the_advisors_hsdp_layout_has_the_states_shards_and_bytes():
+    """The advisor's ``hsdp:2`` exchange (``advise.profile.padded_shard``, ``measure_exchange``) on 2
+    replicas: its padded shards have FSDP's shapes, and its bytes per step are what the state
+    counts, for each compression at a fixed level."""
+    whole = make_model()
+    x, y = batch(0)
+    torch.nn.functional.cross_entropy(whole(x), y).backward()
+    names = [name for name, _ in whole.named_parameters()]
+    shards = [padded_shard(p.grad, SHARDS) for p in whole.parameters()]
+    report = {}
+    for variant in (parse_variant("none"), parse_variant("fp16"), parse_variant("topk:0.5"), parse_variant("topk:0.1"),
+                    Variant("powersgd:2", compression=PowerSGD(2, min_compression_rate=0)),
+                    Variant("powersgd:1", compression=PowerSGD(1, min_compression_rate=0))):
+        model, optimizer, state = hooked(variant.compression or getattr(Compression, variant.cast))
+        assert [tuple(s.shape) for s in shards] == [tuple(s) for s in state._layout.shapes]
+        train(model, optimizer, 1)
+        advised = measure_exchange(names, shards, variant, "hsdp:2", REPLICAS, "fixed", repeats=1, warmup=0)
+        assert advised["step_bytes"] == state.bytes_sent_last_step, (variant.name, advised["step_bytes"],
+                                                                     state.bytes_sent_last_step)
+        report[variant.name] = state.bytes_sent_last_step
+    return report
