@@ -1,5 +1,6 @@
 """``horovod_accordion.fsdp`` on 4 real processes: ``torchrun``, Gloo, 2 replicas × 2 shards;
-a second launch resumes the first's checkpoint."""
+a second launch resumes the first's checkpoint, a third trains under Lightning's
+``ModelParallelStrategy``."""
 import pytest
 
 from tests.conftest import check_names, run_workers
@@ -13,11 +14,14 @@ def launches(tmp_path_factory):
                         timeout=600)
     resumed = run_workers("fsdp_resume_checks", tmp_path_factory.mktemp("fsdp-resume"), np=4, controller="torchrun",
                           env=env, timeout=300)
-    return {"fsdp_checks": first, "fsdp_resume_checks": resumed}
+    lightning = run_workers("lightning_fsdp_checks", tmp_path_factory.mktemp("fsdp-lightning"), np=4,
+                            controller="torchrun", timeout=300)
+    return {"fsdp_checks": first, "fsdp_resume_checks": resumed, "lightning_fsdp_checks": lightning}
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("module,check", [(module, check) for module in ("fsdp_checks", "fsdp_resume_checks")
+@pytest.mark.parametrize("module,check", [(module, check)
+                                          for module in ("fsdp_checks", "fsdp_resume_checks", "lightning_fsdp_checks")
                                           for check in check_names(module)])
 def test_fsdp(launches, module, check):
     launches[module].check(check)
