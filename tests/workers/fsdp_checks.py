@@ -8,12 +8,11 @@ import contextlib
 import functools
 import math
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
@@ -25,7 +24,7 @@ from horovod_accordion.compression import kept_count
 from horovod_accordion.ddp import AccordionState as DDPAccordionState
 from horovod_accordion.fsdp import AccordionState, Compression, PowerSGD, TopK
 from horovod_accordion.torch_tensors import TorchTensorOps
-from tests.workers.models import Float64State
+from tests.workers.models import Float64State, horovod_import_error
 
 REPLICAS = SHARDS = 2
 
@@ -93,12 +92,7 @@ def local_shards(model):
 
 
 def check_horovod_is_not_importable_here():
-    assert not [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError as error:
-        return str(error)
-    raise AssertionError("horovod imported: the test's shadow package is not in front of it")
+    return horovod_import_error()
 
 
 def check_none_equals_native_hsdp_bitwise():

@@ -2,25 +2,18 @@
 Gloo, CPU): the LightningModule shards itself on a replicas × shards mesh of its own in
 ``configure_model`` and builds the state in ``configure_optimizers``, as docs/getting-started/fsdp.md
 shows; ``fit`` equals the same steps without Lightning."""
-import warnings
-
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from horovod_accordion.fsdp import AccordionState, PowerSGD
 from tests.workers.fsdp_checks import batch, hooked, local_shards, make_model, mesh, sharded, train
+from tests.workers.lightning_checks import setup
+
+__all__ = ["setup"]
 
 COMPRESSION = PowerSGD(2, 1, min_compression_rate=0)
 STEPS = 8
-
-
-def setup():
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")  # the steps make their own batches
-    return dist.get_rank()
 
 
 class Sharded(pl.LightningModule):

@@ -1,5 +1,18 @@
 """The torch workers' model and data, without Horovod: the Horovod and the DDP checks share them."""
+import sys
+
 import torch
+
+
+def horovod_import_error():
+    """The error that importing Horovod gives where ``tests/no_horovod`` shadows it (torchrun checks),
+    after checking that no Horovod module was imported before."""
+    assert not [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    raise AssertionError("horovod imported: the test's shadow package is not in front of it")
 
 
 def make_model(seed=0):
