@@ -90,20 +90,19 @@ class ShardLayout:
                                  f"({group.gradient_divide_factor}): Accordion's error feedback and levels work on "
                                  f"the mean gradient; scale the loss instead")
             layers, offsets, shapes, offset = [], [], [], 0
-            for fsdp_param in group.fsdp_params:
-                layer = layer_of.get(fsdp_param.sharded_param)
-                name = self.names[layer] if layer is not None else _param_name(model, fsdp_param.sharded_param)
+            # FSDP reduce-scatters the trainable parameters only: a frozen one has no place in the buffer.
+            for fsdp_param in (f for f in group.fsdp_params if f.sharded_param.requires_grad):
+                layer = layer_of[fsdp_param.sharded_param]
                 if fsdp_param.fsdp_placement.dim != 0:
-                    raise ValueError(f"{name!r} is sharded on dim {fsdp_param.fsdp_placement.dim}: PowerSGD takes "
-                                     f"each shard as a block of rows, so every parameter must be sharded on dim 0 "
-                                     f"(the default shard_placement_fn)")
+                    raise ValueError(f"{self.names[layer]!r} is sharded on dim {fsdp_param.fsdp_placement.dim}: "
+                                     f"PowerSGD takes each shard as a block of rows, so every parameter must be "
+                                     f"sharded on dim 0 (the default shard_placement_fn)")
                 shape = fsdp_param.padded_sharded_param_size
-                if layer is not None:  # a frozen parameter still has its place in the buffer
-                    layers.append(layer)
-                    offsets.append(offset)
-                    shapes.append(shape)
-                    self.shapes[layer] = shape
-                    self.shard_params[layer] = fsdp_param._sharded_param_data.view(shape)
+                layers.append(layer)
+                offsets.append(offset)
+                shapes.append(shape)
+                self.shapes[layer] = shape
+                self.shard_params[layer] = fsdp_param._sharded_param_data.view(shape)
                 offset += shape.numel()
             self.units.append(Unit(module, group, layers, offsets, shapes))
         if not self.units:
@@ -145,7 +144,3 @@ def _mesh_dims(mesh):
 def _name_of(model, module):
     return next((f"the unit {name!r}" if name else "the root unit"
                  for name, m in model.named_modules() if m is module), "a unit outside the model")
-
-
-def _param_name(model, param):
-    return next((name for name, p in model.named_parameters() if p is param), "a parameter outside the model")

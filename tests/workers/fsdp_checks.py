@@ -111,6 +111,25 @@ def check_none_equals_native_hsdp_bitwise():
     return {"steps": 8}
 
 
+def check_a_frozen_parameter_has_no_place_in_the_buffer():
+    """``0.weight`` frozen (before ``0.bias`` in its unit), ``Compression.none``: bitwise native HSDP
+    over 4 steps, so each layer's shard is read from its own place in FSDP's buffer, which holds the
+    trainable parameters only."""
+    models = []
+    for on in (mesh()["shard"], mesh()):
+        model = make_model()
+        model[0].weight.requires_grad_(False)
+        sharded(model, on)
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+        if on is not mesh():
+            state = AccordionState(mesh(), Compression.none, model=model, optimizer=optimizer, window_steps=2)
+            assert "0.weight" not in state._layout.names
+        train(model, optimizer, 4)
+        models.append(model)
+    for name, p, q in zip([n for n, _ in models[0].named_parameters()], *map(local_shards, models)):
+        assert torch.equal(p, q), (name, float((p - q).abs().max()))
+
+
 class Float64Tensors(Float64State, TorchTensorOps):
     """The reducer's maths and state in fp64, so that the comparison with the reference holds far
     above rounding on any CPU."""
