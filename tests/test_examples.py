@@ -12,10 +12,10 @@ from tests.conftest import REPO, free_port, worker_env
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
 
-def run_example(script, *args, timeout=300, launcher="horovodrun", env=None):
-    """``launcher="torchrun"``: 2 plain torch.distributed processes, where Horovod cannot be imported."""
+def run_example(script, *args, timeout=300, launcher="horovodrun", env=None, processes=2):
+    """``launcher="torchrun"``: plain torch.distributed processes, where Horovod cannot be imported."""
     if launcher == "torchrun":
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                    "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
         env = worker_env({"PYTHONPATH": f"{REPO / 'tests' / 'no_horovod'}:{REPO}", **(env or {})})
     else:
@@ -111,6 +111,26 @@ def test_ddp_example_with_every_compression(compression):
     output = run_example("ddp_accordion.py", "--epochs", "3", "--compression", compression, launcher="torchrun")
     assert f"{compression}: test accuracy" in output, output
     assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output
+
+
+@pytest.mark.multiworker
+def test_fsdp_example_trains_and_switches_levels_on_2_replicas_of_2_shards():
+    output = run_example("fsdp_accordion.py", "--epochs", "6", "--decay-epoch", "4", launcher="torchrun", processes=4)
+    for rank in range(4):
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        assert len(losses) == 6 and losses[-1] < losses[0], output
+    assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
+    assert re.search(r"check after epoch [2-5]: levels per layer: .*=1", output), output
+    assert "LR decay to" in output, output
+    assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank across replicas", output), output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "topk", "accordion-topk"])
+def test_fsdp_example_with_every_compression(compression):
+    output = run_example("fsdp_accordion.py", "--epochs", "2", "--compression", compression, launcher="torchrun",
+                         processes=4)
+    assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank across replicas", output), output
 
 
 @pytest.mark.multiworker

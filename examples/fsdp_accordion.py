@@ -1,0 +1,71 @@
+"""Accordion on FSDP2's hybrid sharding, without Horovod: the demo MLP on the embedded digits dataset,
+2 replicas × 2 shards.
+
+    torchrun --nproc_per_node 4 examples/fsdp_accordion.py --shards 2
+
+Each hidden layer is a ``fully_shard`` unit on the mesh's shard dimension; the state averages each
+rank's shards across the replicas. PowerSGD runs at rank 2 (ℓ_low) in critical regimes and rank 1
+(ℓ_high) elsewhere; each check prints every layer's level.
+"""
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from horovod_accordion.examples.ddp_loop import COMPRESSIONS, argument_parser, train_epoch
+from horovod_accordion.fsdp import AccordionState
+from example_data import digits_shards
+from progress import epochs_bar, show, write_checks
+
+
+def parse_args():
+    parser = argument_parser(__doc__)
+    parser.add_argument("--shards", type=int, default=2, help="ranks per replica; the world size must divide by it")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    mesh = init_device_mesh("cpu", (size // args.shards, args.shards), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    x_train, y_train, x_test, y_test = (torch.from_numpy(a) for a in digits_shards(rank, size))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=args.decay_epoch, gamma=0.1)
+    state = AccordionState(mesh, COMPRESSIONS[args.compression], model=model, optimizer=optimizer,
+                           interval=args.interval)
+
+    checks_printed = 0
+    bar = epochs_bar(args.epochs, rank, desc="fsdp")
+    for epoch in bar:
+        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
+        scheduler.step()
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        bar.write(f"[rank {rank}] epoch {epoch:2d}  loss {np.mean(losses):.4f}  test accuracy {accuracy:.3f}")
+        state.end_epoch()
+        stats = state.accordion_stats()
+        show(bar, np.mean(losses), stats["total_bytes_sent"], stats["levels"])
+        if rank == 0:
+            write_checks(bar, stats["checks"][checks_printed:], epoch)
+        checks_printed = len(stats["checks"])
+    bar.close()
+    if rank == 0:
+        sent = state.accordion_stats()["total_bytes_sent"] / 1e3
+        print(f"[rank 0] {args.compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank across "
+              f"replicas, state kept {state.kept_bytes / 1e3:.1f} kB", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
