@@ -211,5 +211,10 @@ class Sharding(Protocol):
     """Hybrid sharding (FSDP2 on a replicas × shards layout): each rank holds one shard of every
     layer, and the reducer's collectives average it over the shard's replicas."""
 
-    shards: int  # the ranks that share one replica of the model
-    world: CollectiveOps  # every rank, replicas × shards
+    @property
+    def shards(self) -> int:
+        """The ranks that share one replica of the model."""
+
+    @property
+    def world(self) -> CollectiveOps:
+        """The collectives over every rank, replicas × shards."""

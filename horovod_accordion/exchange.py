@@ -255,8 +255,8 @@ class BucketedExchange:
                 f"{layers}")
 
     def kept_bytes(self):
-        """The bytes of the state kept between steps (the reducer's, Δ and its counts), where the
-        backend's tensors say their size (torch)."""
+        """The bytes of the state kept between steps (the reducer's and Δ), where the backend's
+        tensors say their size (torch)."""
         holders = [h for entries in self.reducer.state().values() for h in entries.values()] + self.accumulated
         return sum(getattr(h, "nbytes", 0) for h in holders)
 

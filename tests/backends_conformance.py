@@ -1,8 +1,9 @@
 """What ``tests/test_backends.py`` type-checks: every backend against the contract it implements
 (``horovod_accordion.backends``). Never imported; mypy reads it."""
 from horovod_accordion.advise.profile import SimulatedWorld
-from horovod_accordion.backends import CollectiveOps, EagerTensorOps, TensorOps
+from horovod_accordion.backends import CollectiveOps, EagerTensorOps, Sharding, TensorOps
 from horovod_accordion.ddp.ops import DistributedCollectives
+from horovod_accordion.fsdp.state import _Sharding
 from horovod_accordion.tensorflow.ops import TensorFlowCollectives
 from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
 from horovod_accordion.torch.ops import TorchCollectives
@@ -11,7 +12,9 @@ from horovod_accordion.torch_tensors import TorchTensorOps
 
 def every_backend_keeps_its_contract(torch_tensors: TorchTensorOps, tf_tensors: TensorFlowTensorOps,
                                      horovod_torch: TorchCollectives, ddp: DistributedCollectives,
-                                     horovod_tf: TensorFlowCollectives, advisor: SimulatedWorld) -> None:
+                                     horovod_tf: TensorFlowCollectives, advisor: SimulatedWorld,
+                                     fsdp: _Sharding) -> None:
     eager: EagerTensorOps = torch_tensors
     traced: TensorOps = tf_tensors
     collectives: list[CollectiveOps] = [horovod_torch, ddp, horovod_tf, advisor]
+    sharding: Sharding = fsdp

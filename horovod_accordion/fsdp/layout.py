@@ -1,6 +1,11 @@
 """Where FSDP2 puts each rank's gradient shards, read from a model that ``fully_shard`` has
 wrapped on the shard dimension of a replicas × shards mesh.
 
+FSDP2 has no public record of that layout: it is read from its parameter groups
+(``_get_fsdp_state``, ``FSDPParam``) and divide factors, as torch 2.13 (the version pinned)
+lays them out in ``_fsdp_collectives.foreach_reduce``; ``tests/test_fsdp.py`` checks it against
+native HSDP bitwise.
+
 FSDP2 reduce-scatters each unit's gradients (an ``FSDPModule``'s parameters) over the shard
 group into one flat buffer, and hands it to the unit's all-reduce hook before it views the
 parameters' gradients out of it: per parameter, in the unit's order, a block of
@@ -21,24 +26,32 @@ __all__ = ["ShardLayout", "Unit"]
 
 class Unit(NamedTuple):
     """One ``FSDPModule``'s reduce-scatter output: ``layers[k]``'s shard is the ``shapes[k]``
-    block at ``offsets[k]``."""
+    block at ``offsets[k]``, ``numel`` entries in all."""
 
     module: FSDPModule
     param_group: object  # FSDP's ``FSDPParamGroup``, whose divide factor the hook reads
     layers: List[int]
     offsets: List[int]
     shapes: List[torch.Size]
+    numel: int
 
     def shards_of(self, flat):
-        """The views of ``flat`` that hold each layer's padded shard."""
+        """The views of ``flat`` that hold each layer's padded shard. FSDP chooses the buffer's
+        parameters at each step (the trainable ones), so a parameter frozen or unfrozen since the
+        layout was read would move every offset: that is refused here, before anything is read."""
+        if flat.numel() != self.numel:
+            raise RuntimeError(f"FSDP reduce-scattered {flat.numel()} gradient entries for a unit whose trainable "
+                               f"parameters' shards hold {self.numel}: a parameter's requires_grad changed after "
+                               f"the AccordionState was built; build the state again after freezing or unfreezing")
         return [flat[offset:offset + shape.numel()].view(shape) for offset, shape in zip(self.offsets, self.shapes)]
 
     def post_divide(self, flat):
         """The factor FSDP divides ``flat`` by after the hook: ``None`` where its reduce-scatter
-        already averaged (fp32, bf16), the rest of the mean where an fp16 reduction sums."""
-        group = self.param_group.mesh_info.shard_process_group
-        return _get_gradient_divide_factors(group, None, flat.dtype, flat.device.type,
-                                            self.param_group.gradient_divide_factor)[1]
+        already averaged (fp32, bf16), the rest of the mean where it sums (an fp16 reduction,
+        ``set_force_sum_reduction_for_comms``)."""
+        group = self.param_group
+        return _get_gradient_divide_factors(group.mesh_info.shard_process_group, None, flat.dtype, flat.device.type,
+                                            group.gradient_divide_factor, group.force_sum_reduction_for_comms)[1]
 
 
 class ShardLayout:
@@ -67,6 +80,8 @@ class ShardLayout:
         self.shapes: List[torch.Size] = [None] * len(named)
         self.shard_params = [None] * len(named)  # each layer's padded local shard, a view of FSDP's storage
         self.units: List[Unit] = []
+        self._all_shards = []  # every parameter's local storage, frozen ones included
+        self._buffers = list(model.buffers())
         shard_ranks = dist.get_process_group_ranks(self.shard_group)
         for module in (m for m in model.modules() if isinstance(m, FSDPModule)):
             groups = module._get_fsdp_state()._fsdp_param_groups
@@ -93,6 +108,9 @@ class ShardLayout:
             # FSDP reduce-scatters the trainable parameters only: a frozen one has no place in the buffer.
             for fsdp_param in (f for f in group.fsdp_params if f.sharded_param.requires_grad):
                 layer = layer_of[fsdp_param.sharded_param]
+                if fsdp_param.offload_to_cpu:
+                    raise ValueError(f"{self.names[layer]!r} is offloaded to the CPU (CPUOffloadPolicy): Accordion "
+                                     f"keeps its state beside the gradients' buffer, on the device")
                 if fsdp_param.fsdp_placement.dim != 0:
                     raise ValueError(f"{self.names[layer]!r} is sharded on dim {fsdp_param.fsdp_placement.dim}: "
                                      f"PowerSGD takes each shard as a block of rows, so every parameter must be "
@@ -104,7 +122,8 @@ class ShardLayout:
                 self.shapes[layer] = shape
                 self.shard_params[layer] = fsdp_param._sharded_param_data.view(shape)
                 offset += shape.numel()
-            self.units.append(Unit(module, group, layers, offsets, shapes))
+            self.units.append(Unit(module, group, layers, offsets, shapes, offset))
+            self._all_shards += [f._sharded_param_data for f in group.fsdp_params]
         if not self.units:
             raise TypeError("the model has no fully_shard unit: shard it first, fully_shard(block, "
                             f"mesh=mesh[{shard_dim_name!r}]) for each block, then fully_shard(model, mesh=mesh[{shard_dim_name!r}])")
@@ -114,11 +133,14 @@ class ShardLayout:
                              f"their gradients across replicas")
 
     def broadcast_from_first_replica(self):
-        """Make every replica's shards its first replica's, as DDP does at construction
-        (``fully_shard`` broadcasts nothing)."""
+        """Make every replica's shards, frozen ones included, its first replica's, and every
+        rank's buffers the first rank's, as DDP does at construction (``fully_shard`` broadcasts
+        nothing)."""
         source = dist.get_global_rank(self.replicate_group, 0)
-        for shard in self.shard_params:
+        for shard in self._all_shards:
             dist.broadcast(shard, src=source, group=self.replicate_group)
+        for buffer in self._buffers:
+            dist.broadcast(buffer, src=0)
 
     def describe(self):
         """What a checkpoint must match: the mesh and every layer's name and padded shard shape."""

@@ -18,8 +18,9 @@ layer's shard across the replicas (the slow link) with the exchange every backen
 feedback, Q and Δ are shard-sized, so sharding keeps its memory saving. The detector sums a
 layer's shards' squared norms over the world, so every rank decides alike.
 
-The hook must write the averages into the buffer before it returns, so each unit's phases run
-inside its hook, one after the other; FSDP's next reduce-scatter waits for them.
+FSDP views the parameters' gradients out of the buffer when the hook returns, so each unit's
+phases run inside its hook: on a CPU its collectives are done when it returns; on a GPU they are
+queued on the stream FSDP runs the hook in.
 """
 
 import functools
@@ -115,6 +116,7 @@ class AccordionState:
         for index, unit in enumerate(layout.units):
             unit.module.set_reduce_scatter_unused_params(True, recurse=False)
             unit.module.set_all_reduce_hook(functools.partial(self._on_unit, index))
+        model.register_forward_pre_hook(self._before_forward)
         if accordion.adaptive and window_steps is None:
             weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
 
@@ -169,7 +171,7 @@ class AccordionState:
                              f"{theirs['replicas']} replicas × {theirs['shards']} shards against this run's "
                              f"{ours['replicas']} × {ours['shards']}, and each rank's error feedback is its own "
                              f"shard's, so it can't resume here")
-        saved = torch.load(io.BytesIO(state_dict[self._own_key()]), weights_only=False)
+        saved = torch.load(io.BytesIO(state_dict[self._own_key()]), weights_only=True)
         self._exchange.load_state_dict(saved, own=True)
         self.iter = saved["iter"]
 
@@ -186,13 +188,15 @@ class AccordionState:
             self._in_step = True
             if self._optimizer is not None:
                 self._steps.observe_lr(self._optimizer.param_groups[0]["lr"])
-        if not unit.layers:
-            return
-        shards = unit.shards_of(flat)
-        post_divide = unit.post_divide(flat)
-        grads = [shard / post_divide for shard in shards] if post_divide else shards
-        self._exchange.start(index, unit.layers, grads)
-        outputs = self._exchange.finish()
+        try:
+            shards = unit.shards_of(flat)
+            post_divide = unit.post_divide(flat)
+            grads = [shard / post_divide for shard in shards] if post_divide else shards
+            self._exchange.start(index, unit.layers, grads)
+            outputs = self._exchange.finish()
+        except BaseException:
+            self._abandon_step()
+            raise
         for layer, shard in zip(unit.layers, shards):
             shard.copy_(outputs[layer] * post_divide if post_divide else outputs[layer])
 
@@ -200,3 +204,13 @@ class AccordionState:
         self._in_step = False
         self.iter += 1
         self._steps.end_steps()
+
+    def _before_forward(self, module, inputs):
+        """A backward that raised (in a hook, or out of memory in a later layer) never ran its
+        end-of-step callback: the next forward starts clean, the failed step uncounted."""
+        if self._in_step:
+            self._abandon_step()
+
+    def _abandon_step(self):
+        self._in_step = False
+        self._exchange.started = {}

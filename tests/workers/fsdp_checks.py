@@ -448,3 +448,147 @@ def check_the_advisors_hsdp_layout_has_the_states_shards_and_bytes():
                                                                      state.bytes_sent_last_step)
         report[variant.name] = state.bytes_sent_last_step
     return report
+
+
+def check_construction_makes_every_replica_the_first_ones():
+    """Models built with another seed on every rank, a frozen parameter and a buffer among them:
+    once the state is built, both replicas of each shard hold the first replica's parameters,
+    frozen ones included, and every rank holds rank 0's buffers, as DDP does at construction."""
+    model = make_model(seed=dist.get_rank())
+    model[2].weight.requires_grad_(False)
+    model.register_buffer("counter", torch.tensor([float(dist.get_rank())]))
+    built = local_shards(sharded(model, mesh()["shard"]))
+    AccordionState(mesh(), Compression.none, model=model, window_steps=2)
+    shards = every_rank(local_shards(model))
+    firsts = every_rank(built)
+    for r in range(dist.get_world_size()):
+        assert all(torch.equal(a, b) for a, b in zip(shards[r], firsts[r % SHARDS])), r
+    assert torch.equal(model.counter, torch.tensor([0.0]))
+
+
+def check_a_failed_backward_leaves_the_state_ready_for_the_next_step():
+    """Two failures mid-backward, on every rank, each followed by FSDP's ``reset_iter_state()``:
+    an error raised by the backward of the first layer, after the other units' hooks ran (the
+    state's end-of-step callback is then dropped), and a parameter unfrozen after construction,
+    which the hook refuses, naming it. The failed steps are not counted: training goes on, and
+    windows close as in a run without them."""
+    model = make_model()
+    model[0].bias.requires_grad_(False)
+    sharded(model, mesh()["shard"])
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    state = AccordionState(mesh(), PowerSGD(2, 1, min_compression_rate=0), model=model, optimizer=optimizer,
+                           window_steps=2, interval=1)
+    armed = []
+
+    def fail_in_backward(module, inputs, output):
+        if armed:
+            output.register_hook(lambda grad: (_ for _ in ()).throw(ValueError("failed in backward")))
+    model[0].register_forward_hook(fail_in_backward)
+    train(model, optimizer, 2)
+    said = []
+    for make_it_fail, undo, expected in ((lambda: armed.append(1), armed.clear, "failed in backward"),
+                                         (lambda: model[0].bias.requires_grad_(True),
+                                          lambda: model[0].bias.requires_grad_(False), "requires_grad changed")):
+        make_it_fail()
+        try:
+            train(model, optimizer, 1, first=2)
+        except (ValueError, RuntimeError) as error:
+            assert expected in str(error), str(error)
+            said.append(str(error))
+        else:
+            raise AssertionError(f"no error: {expected}")
+        undo()
+        model.reset_iter_state()
+    train(model, optimizer, 4, first=2)
+    assert state.iter == 6 and [c["step"] for c in state.accordion_stats()["checks"]] == [2, 4, 6], \
+        (state.iter, state.accordion_stats()["checks"])
+    return said
+
+
+class WithABranch(torch.nn.Module):
+    """``make_model``, plus a unit whose second layer only the first replica uses: the other
+    replica's ranks have no gradient for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = make_model()
+        self.side = Side()
+
+    def forward(self, x):
+        return self.body(x) + self.side(x, dist.get_rank() < SHARDS)
+
+
+class Side(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(12, 3), torch.nn.Linear(12, 3)
+
+    def forward(self, x, use_b):
+        return self.a(x) + self.b(x) if use_b else self.a(x)
+
+
+def check_a_parameter_unused_on_one_replica_keeps_the_layout():
+    """``side.b`` has gradients on the first replica only: its zeros are reduce-scattered on the
+    other (``set_reduce_scatter_unused_params``, which the state sets), so every unit's buffer
+    keeps its layout. ``Compression.none`` equals native HSDP with the same setting, bitwise."""
+    models = []
+    for on in (mesh()["shard"], mesh()):
+        model = WithABranch()
+        for unit in (model.body[0], model.body[2], model.side, model):
+            fully_shard(unit, mesh=on)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if on is mesh():
+            model.set_reduce_scatter_unused_params(True)
+        else:
+            AccordionState(mesh(), Compression.none, model=model, optimizer=optimizer, window_steps=2)
+        train(model, optimizer, 3)
+        models.append(model)
+    for name, p, q in zip([n for n, _ in models[0].named_parameters()], *map(local_shards, models)):
+        assert torch.equal(p, q), (name, float((p - q).abs().max()))
+
+
+def check_micro_batches_without_sync_make_one_step():
+    """Two micro-batches per step, the first under ``set_requires_gradient_sync(False)``: one step
+    each for the state, and ``Compression.none`` equals native HSDP bitwise over 3 steps."""
+    models, states = [], []
+    for on in (mesh()["shard"], mesh()):
+        model = sharded(make_model(), on)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if on is not mesh():
+            states.append(AccordionState(mesh(), Compression.none, model=model, optimizer=optimizer, window_steps=2))
+        for step in range(3):
+            optimizer.zero_grad()
+            for micro in range(2):
+                model.set_requires_gradient_sync(micro == 1)
+                x, y = batch(10 * step + micro)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        models.append(model)
+    assert states[0].iter == 3 and len(states[0].accordion_stats()["bytes_per_step"]) == 3
+    for p, q in zip(*map(local_shards, models)):
+        assert torch.equal(p, q), float((p - q).abs().max())
+
+
+@functools.lru_cache(maxsize=None)
+def one_replica_of_four_shards():
+    return init_device_mesh("cpu", (1, 4), mesh_dim_names=("replicate", "shard"))
+
+
+def check_an_fp16_reduction_that_divides_after_the_hook_gets_its_factor_back():
+    """fp16 reduced in fp16 over 4 shards: FSDP divides by 2 before its reduce-scatter and by 2
+    after the hook; the hook sees the mean (the buffer / 2) and writes back × 2. Each gradient
+    equals plain FSDP's (no hook, the same mesh) to within 2⁻²⁴: halving the buffer is exact but
+    for an fp16 subnormal, which loses at most half its ulp (2⁻²⁵) and gets it back doubled."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float16)
+    grads = []
+    for hooked_state in (True, False):
+        model = sharded(make_model(), one_replica_of_four_shards()["shard"], mp_policy=policy)
+        if hooked_state:
+            state = AccordionState(one_replica_of_four_shards(), Compression.none, model=model, window_steps=2)
+            assert state._layout.units[0].post_divide(torch.zeros(1, dtype=torch.float16)) == 2.0
+        x, y = batch(0)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.to_local().clone() for p in model.parameters()])
+    worst = max(float((a.double() - b.double()).abs().max()) for a, b in zip(*grads) if a.numel())
+    assert worst <= 2.0 ** -24, worst
+    return worst
