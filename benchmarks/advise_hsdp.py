@@ -4,7 +4,8 @@ measurement: ResNet-18, 2 replicas × 2 shards, the replicas joined by a veth pa
 
     python -m horovod_accordion.advise --model resnet18-cifar --threads 1 --layout hsdp --shards 2 \\
         --compressions none,fp16,powersgd:4,powersgd:1,topk:0.1 --workers 2 --link 100mbit \\
-        --fast-link 10gbit --save-profile benchmarks/results/profiles/resnet18-cifar_cpu_1thread_hsdp2.json
+        --fast-link 10gbit --latency-us 67 \\
+        --save-profile benchmarks/results/profiles/resnet18-cifar_cpu_1thread_hsdp2.json
     python benchmarks/advise_hsdp.py      # a second: no network, no profiling
       -> benchmarks/results/advise_hsdp.json
 
@@ -12,9 +13,10 @@ Two comparisons per variant. The step itself: the profile was taken by one proce
 measured job runs 4 processes on 2 cores, so its compute is about twice the profile's; the advisor
 has no model of that. The slow link's share, which that leaves out: the step at 100 Mbit/s less the
 step on the unlimited veth, measured and predicted. Both replica groups cross the one veth pair
-(``shared_by=2``); the unlimited veth and each node's loopback are modelled as 10 Gbit/s, with the
-loopback's Gloo latency of ``advise_validation.py``.
+(``shared_by=2``, the CLI's default with ``--shards 2``); the unlimited veth and each node's loopback
+are modelled as 10 Gbit/s, with the loopback's Gloo latency of ``advise_validation.py`` (67 µs a hop).
 """
+import argparse
 import json
 import pathlib
 
@@ -56,4 +58,6 @@ def main(out=RESULTS / "advise_hsdp.json"):
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=RESULTS / "advise_hsdp.json")
+    main(parser.parse_args().out)

@@ -210,3 +210,23 @@ def test_hybrid_sharding_adds_the_fast_collectives_and_each_units_exchange_by_ha
     assert predicted["median"] == pytest.approx(3.2 + 3 * 0.201 + 0.1 + 2.002)
     assert collective_seconds("reduce_scatter", 4e6, 2, fast) == pytest.approx(0.201)
     assert shard_shape((15, 16), 2) == (8, 16) and shard_shape((3,), 4) == (1,)
+
+
+def test_the_hsdp_validation_json_is_what_its_script_writes_and_the_cli_predicts_the_same(tmp_path):
+    """``benchmarks/advise_hsdp.py`` is arithmetic on a committed profile and measurement; the
+    CLI's ``--layout hsdp`` (its default link sharing: the shards) gives the same step."""
+    out = tmp_path / "advise_hsdp.json"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "advise_hsdp.py"), "--out", str(out)],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    committed = json.loads((REPO / "benchmarks" / "results" / "advise_hsdp.json").read_text())
+    assert json.loads(out.read_text()) == committed
+    cli = subprocess.run([sys.executable, "-m", "horovod_accordion.advise", "--profile",
+                          str(REPO / "benchmarks" / "results" / "profiles" / "resnet18-cifar_cpu_1thread_hsdp2.json"),
+                          "--layout", "hsdp", "--shards", "2", "--fast-link", "10gbit", "--latency-us", "67",
+                          "--workers", "2", "--link", "100mbit", "--compressions", "powersgd:1",
+                          "--png", str(tmp_path / "advise.png")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    for name in ("none", "powersgd:1"):
+        predicted_ms = committed["rows"][name]["predicted_s"]["100mbit"] * 1e3
+        assert re.search(rf"^\s+2\s+{name}\s+{predicted_ms:.0f}\.\d", cli.stdout, re.M), (name, predicted_ms, cli.stdout)

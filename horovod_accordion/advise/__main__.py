@@ -62,6 +62,14 @@ def _links(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _link(text):
+    """One link's name, checked."""
+    try:
+        return parse_link(text).name
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _low_fraction(text):
     if text.startswith("study:"):
         return text
@@ -139,14 +147,16 @@ def main(argv=None):
     parser.add_argument("--link", type=_links, default="10gbit,25gbit,100gbit,400gbit",
                         help="per-rank link rates, e.g. 10gbit,100mbit")
     parser.add_argument("--latency-us", type=float, default=5.0, help="latency per hop (α), microseconds")
-    parser.add_argument("--shared-by", type=_positive, default=1, help="ranks sharing one link (1 on a switched network)")
+    parser.add_argument("--shared-by", type=_positive,
+                        help="ranks sharing one link: 1 on a switched network (the default); with --layout hsdp, "
+                             "--shards (every replica group of a node crosses its one link at once)")
     parser.add_argument("--algorithm", choices=["ring", "tree"], default="ring",
                         help="allreduce algorithm; tree: NCCL's, with 2·log2(W) latency steps")
     parser.add_argument("--layout", choices=LAYOUTS + ("hsdp",), default="horovod",
                         help="our Horovod optimizer's buckets, DDP's (our DDP hook), or FSDP2's hybrid sharding "
                              "(horovod_accordion.fsdp: --workers are then replicas, of --shards ranks each)")
     parser.add_argument("--shards", type=_positive, default=8, help="hsdp: the ranks of a replica (a node's GPUs)")
-    parser.add_argument("--fast-link", type=_links, default="400gbit",
+    parser.add_argument("--fast-link", type=_link, default="400gbit",
                         help="hsdp: the link inside a replica, for FSDP's all-gathers and reduce-scatters")
     parser.add_argument("--low-fraction", type=_low_fraction, default="0.5",
                         help="Accordion's fraction of steps at ℓ_low: a number, or study:PATH/summary.json")
@@ -159,9 +169,10 @@ def main(argv=None):
     if "none" not in names:
         variants.insert(0, parse_variant("none"))
         names.insert(0, "none")
-    links = [parse_link(name, args.latency_us * 1e-6, args.shared_by) for name in args.link]
+    shared_by = args.shared_by or (args.shards if args.layout == "hsdp" else 1)
+    links = [parse_link(name, args.latency_us * 1e-6, shared_by) for name in args.link]
     layout = hsdp_layout(args.shards) if args.layout == "hsdp" else args.layout
-    fast_link = parse_link(args.fast_link[0], args.latency_us * 1e-6)
+    fast_link = parse_link(args.fast_link, args.latency_us * 1e-6)
     if args.profile:
         profile = _saved_profile(parser, args.profile)
     else:
@@ -189,7 +200,8 @@ def main(argv=None):
                 except KeyError as error:
                     raise SystemExit(error.args[0]) from None
     arrangement = f"hybrid sharding, {args.shards} shards per replica on {fast_link.name}, the workers are " \
-        f"replicas" if args.layout == "hsdp" else f"{args.algorithm} collectives, {args.layout} buckets"
+        f"replicas, each link shared by {shared_by}; ring collectives, one unit per layer" \
+        if args.layout == "hsdp" else f"{args.algorithm} collectives, {args.layout} buckets"
     print(f"{profile.get('model')} on {profile.get('device')} ({profile.get('threads')} threads), batch "
           f"{profile.get('batch')} per worker; {arrangement}; milliseconds per step, the range from the profile's "
           f"spread")

@@ -10,7 +10,10 @@ maths (profiled on the shard shapes, layout ``hsdp:S``); the optimizer steps on 
 FSDP calls the exchange inside each unit's all-reduce hook, which must return with the averages,
 so a unit's collectives and maths run one after the other and nothing overlaps them. The fast
 collectives are added in the same way: exact on a CPU (one stream), an upper bound on a GPU,
-where FSDP overlaps them with compute.
+where FSDP overlaps them with compute. The profile knows layers, not units: every layer is
+taken as a unit of its own, which sends the same bytes as the real units with more latencies
+(an upper bound again, by a latency per layer), and all-gathers twice (the root unit once).
+Collectives are rings.
 """
 
 import math
@@ -41,6 +44,8 @@ def shard_shape(shape, shards):
 def predict_hsdp(profile, variant, shards, replicas, fast_link, slow_link, low_fraction=0.5, check_every=1):
     """``{"fastest", "median", "slowest"}`` seconds per step of ``variant`` on ``replicas`` × ``shards``
     ranks: the fast collectives on ``fast_link``, the replica exchange on ``slow_link``."""
+    if not 0 <= low_fraction <= 1:
+        raise ValueError(f"the fraction of steps at ℓ_low must be in [0, 1], got {low_fraction!r}")
     levels = exchange_of(profile, variant, hsdp_layout(shards), replicas)
     weights = {"fixed": 1.0} if "fixed" in levels else {"low": low_fraction, "high": 1.0 - low_fraction}
     fast = sum(2 * collective_seconds("allgather", layer["bytes"] / shards, shards, fast_link)

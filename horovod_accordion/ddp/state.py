@@ -26,24 +26,21 @@ import weakref
 
 import torch
 
-from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import (check_on_one_device, check_real_floating,
-                                         check_same_exchange_on_all_ranks)
+from horovod_accordion.accordion import warn_if_no_window_closed
+from horovod_accordion.arguments import check_on_one_device
 from horovod_accordion.compression import PowerSGD
 from horovod_accordion.ddp.ops import DistributedCollectives
-from horovod_accordion.exchange import BucketedExchange
-from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.hook_exchange import HookStateViews, build_exchange
 from horovod_accordion.policies import policy_for
-from horovod_accordion.reducers import DenseReducer, make_reducer
-from horovod_accordion.steps import StepDriver
-from horovod_accordion.torch_compression import PlainCompressor, check_hook_compression, is_plain
+from horovod_accordion.reducers import DenseReducer
+from horovod_accordion.torch_compression import check_hook_compression, is_plain
 from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
-from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
+from horovod_accordion.torch_tensors import TorchTensorOps
 
 __all__ = ["AccordionState", "accordion_hook"]
 
 
-class AccordionState:
+class AccordionState(HookStateViews):
     """What ``accordion_hook`` keeps between steps, in the style of torch's ``PowerSGDState``.
 
     Args:
@@ -167,24 +164,17 @@ class AccordionState:
         saved = self.state_dict()
         log = self._exchange.accordion.log if self.bound else None
         try:
-            check_real_floating(names, [p.dtype for p in params], [p.is_floating_point() for p in params])
             check_on_one_device(names, [p.device for p in params], self._levels())
             self._layer_of = {p: layer for layer, p in enumerate(params)}
             self._names = names
             tensors = TorchTensorOps(params[0].device if params else "cpu", self.bf16_wire)
             self._collectives = DistributedCollectives(tensors, self.process_group)
-            check_same_exchange_on_all_ranks(self._collectives, names, [p.shape for p in params],
-                                             [p.dtype for p in params], self.compression,
-                                             self._schedule_options["policy"])
-            reducer, levels = make_reducer(self.compression, [p.shape for p in params], tensors, self._collectives,
-                                           PlainCompressor)
             self._plain = DenseReducer(None, None, tensors, self._collectives)  # the steps before start_iter
-            log = log or CommunicationLog.on_rank(self._collectives.rank(), self.log_path, self.tensorboard_dir,
-                                                  summary_writer)
-            accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed,
-                                  **self._schedule_options)
-            self._exchange = BucketedExchange(accordion, reducer, params, self._loss_scale)
-            self._steps = StepDriver(self._exchange)  # DDP's no_sync() accumulates micro-batches: no batch switch
+            # DDP's no_sync() accumulates micro-batches: no batch switch
+            self._exchange, self._steps = build_exchange(
+                names, params, self.compression, self._schedule_options, self._collectives,
+                loss_scale=self._loss_scale, log=log, log_path=self.log_path, tensorboard_dir=self.tensorboard_dir)
+            accordion = self._exchange.accordion
             self._waiting = []
             if saved is not None:
                 self.load_state_dict(saved)
@@ -225,24 +215,6 @@ class AccordionState:
         """``None``: windows are epochs, closed by ``end_epoch()``; else their length in steps."""
         return self._schedule_options["window_steps"]
 
-    @property
-    def bytes_sent_last_step(self):
-        """The bytes this rank put on the wire in the last step; 0 before the first."""
-        sent = self._exchange.accordion.log.bytes_per_step if self.bound else []
-        return sent[-1] if sent else 0
-
-    @property
-    def kept_bytes(self):
-        """The bytes of the state this rank keeps between steps (error-feedback memory, Q, Δ):
-        a whole replica's; 0 before the state is bound."""
-        return self._exchange.kept_bytes() if self.bound else 0
-
-    @property
-    def levels(self):
-        """Each compressed layer's level now, by name; ``{}`` before the state is bound. A tensor
-        the compression leaves whole (1-D, or too small to gain) has no level and is not listed."""
-        return self._exchange.accordion.named_levels if self.bound else {}
-
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given).
         A collective where the decay rule can switch levels (the rate is agreed over ranks, see
@@ -251,14 +223,6 @@ class AccordionState:
             self._steps.observe_lr(lr)
         else:
             self._lr_before_binding = lr
-
-    def end_epoch(self):
-        """Close an epoch-long detection window. Call it once per epoch, on every rank."""
-        self._bound().end_epoch()
-
-    def accordion_stats(self):
-        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
-        return dict(self._bound().accordion.log.as_dict(), levels=self.levels)
 
     def state_dict(self):
         """Before the state is bound: the state dict loaded into it, if any, else ``None``."""

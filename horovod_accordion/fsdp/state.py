@@ -32,20 +32,16 @@ from typing import NamedTuple
 import torch
 from torch.autograd import Variable
 
-from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import check_real_floating, check_same_exchange_on_all_ranks
+from horovod_accordion.accordion import warn_if_no_window_closed
 from horovod_accordion.backends import CollectiveOps
 from horovod_accordion.compression import PowerSGD
 from horovod_accordion.ddp.ops import DistributedCollectives
-from horovod_accordion.exchange import BucketedExchange
 from horovod_accordion.fsdp.layout import ShardLayout
-from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.hook_exchange import HookStateViews, build_exchange
 from horovod_accordion.policies import policy_for
-from horovod_accordion.reducers import make_reducer
-from horovod_accordion.steps import StepDriver
-from horovod_accordion.torch_compression import PlainCompressor, check_hook_compression, is_plain
+from horovod_accordion.torch_compression import check_hook_compression, is_plain
 from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
-from horovod_accordion.torch_tensors import TorchTensorOps, summary_writer
+from horovod_accordion.torch_tensors import TorchTensorOps
 
 __all__ = ["AccordionState"]
 
@@ -55,7 +51,7 @@ class _Sharding(NamedTuple):
     world: CollectiveOps
 
 
-class AccordionState:
+class AccordionState(HookStateViews):
     """Args:
         mesh: the 2-D ``DeviceMesh`` of replicas × shards that the model is sharded on (its
             ``"shard"`` dimension; see ``horovod_accordion.fsdp.layout.ShardLayout``).
@@ -90,25 +86,18 @@ class AccordionState:
         if hooked:
             raise ValueError("this model's units already have an all-reduce hook (another AccordionState?): build "
                              "one state per model")
-        check_real_floating(layout.names, [p.dtype for p in layout.shard_params],
-                            [p.is_floating_point() for p in layout.shard_params])
         tensors = TorchTensorOps(layout.shard_params[0].device, bf16_wire)
-        world = DistributedCollectives(tensors)
-        replicas = DistributedCollectives(tensors, layout.replicate_group)
         levels = (None, None) if is_plain(compression) else tuple(compression.levels)
-        policy = policy_for(policy, levels)
-        check_same_exchange_on_all_ranks(world, layout.names, layout.shapes, [p.dtype for p in layout.shard_params],
-                                         compression, policy)
-        reducer, levels = make_reducer(compression, layout.shapes, tensors, replicas, PlainCompressor)
-        log = CommunicationLog.on_rank(world.rank(), log_path, tensorboard_dir, summary_writer)
-        accordion = Accordion(layout.names, levels, log=log, compressed_layers=reducer.compressed, eta=eta,
-                              interval=interval, window_steps=window_steps, per_layer=per_layer,
-                              lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
-                              verify_levels=verify_levels, policy=policy)
+        schedule_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
+                                lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
+                                verify_levels=verify_levels, policy=policy_for(policy, levels))
         self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
-        self._exchange = BucketedExchange(accordion, reducer, layout.shard_params, self._loss_scale,
-                                          sharding=_Sharding(layout.shards, world))
-        self._steps = StepDriver(self._exchange)
+        self._exchange, self._steps = build_exchange(
+            layout.names, layout.shard_params, compression, schedule_options,
+            DistributedCollectives(tensors, layout.replicate_group),
+            sharding=_Sharding(layout.shards, DistributedCollectives(tensors)), loss_scale=self._loss_scale,
+            log_path=log_path, tensorboard_dir=tensorboard_dir)
+        accordion = self._exchange.accordion
         self._layout, self._optimizer = layout, optimizer
         self.iter = 0  # the steps averaged
         self._in_step = False
@@ -122,35 +111,13 @@ class AccordionState:
 
     grad_scaler = grad_scaler_property()
 
-    @property
-    def levels(self):
-        """Each compressed layer's level now, by name (a 1-D shard, sent whole, has none)."""
-        return self._exchange.accordion.named_levels
-
-    @property
-    def bytes_sent_last_step(self):
-        """The bytes this rank put on the wire across replicas in the last step; 0 before the first."""
-        sent = self._exchange.accordion.log.bytes_per_step
-        return sent[-1] if sent else 0
-
-    @property
-    def kept_bytes(self):
-        """The bytes of the state this rank keeps between steps: error-feedback memory, Q and Δ
-        of its shards."""
-        return self._exchange.kept_bytes()
-
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (without ``optimizer``). A
         collective where the decay rule can switch levels: call it on every rank, at the same points."""
         self._steps.observe_lr(lr)
 
-    def end_epoch(self):
-        """Close an epoch-long detection window. Call it once per epoch, on every rank."""
-        self._exchange.end_epoch()
-
-    def accordion_stats(self):
-        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
-        return dict(self._exchange.accordion.log.as_dict(), levels=self.levels)
+    def _bound(self):
+        return self._exchange
 
     def state_dict(self):
         """For ``torch.distributed.checkpoint``: the layout, and this rank's state as bytes under

@@ -1,0 +1,68 @@
+"""What a torch.distributed hook's state builds over its parameters: DDP's communication hook
+(``horovod_accordion.ddp``) and FSDP2's all-reduce hook (``horovod_accordion.fsdp``) run the same
+exchange, schedule and step driver; only the parameters they hand over and the collectives differ.
+"""
+
+from horovod_accordion.accordion import Accordion
+from horovod_accordion.arguments import check_real_floating, check_same_exchange_on_all_ranks
+from horovod_accordion.exchange import BucketedExchange
+from horovod_accordion.metrics import CommunicationLog
+from horovod_accordion.reducers import make_reducer
+from horovod_accordion.steps import StepDriver
+from horovod_accordion.torch_compression import PlainCompressor
+from horovod_accordion.torch_tensors import summary_writer
+
+__all__ = ["HookStateViews", "build_exchange"]
+
+
+def build_exchange(names, params, compression, schedule_options, collectives, *, sharding=None, loss_scale=None,
+                   log=None, log_path=None, tensorboard_dir=None):
+    """The ``(BucketedExchange, StepDriver)`` that averages ``params`` (named ``names``) over
+    ``collectives`` with ``compression``, on the schedule of ``schedule_options`` (``Accordion``'s
+    keywords, the policy built). ``sharding``: the ``backends.Sharding`` where ``params`` are
+    shards; ``log``: a ``CommunicationLog`` to keep (a state bound again), else a new one on this
+    rank. A collective over every rank (the sharding's world, or ``collectives``): each checks that
+    the others exchange the same tensors with the same compression and policy."""
+    world = sharding.world if sharding is not None else collectives
+    dtypes = [p.dtype for p in params]
+    check_real_floating(names, dtypes, [p.is_floating_point() for p in params])
+    check_same_exchange_on_all_ranks(world, names, [p.shape for p in params], dtypes, compression,
+                                     schedule_options["policy"])
+    reducer, levels = make_reducer(compression, [p.shape for p in params], collectives.tensors, collectives,
+                                   PlainCompressor)
+    log = log or CommunicationLog.on_rank(world.rank(), log_path, tensorboard_dir, summary_writer)
+    accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **schedule_options)
+    exchange = BucketedExchange(accordion, reducer, params, loss_scale, sharding=sharding)
+    return exchange, StepDriver(exchange)
+
+
+class HookStateViews:
+    """What a hook's state says of its exchange, in the same words on DDP and FSDP. The state
+    has ``_exchange`` (``None`` until a DDP state is bound) and ``_bound()``, which returns the
+    exchange or raises, saying why there is none."""
+
+    @property
+    def levels(self):
+        """Each compressed layer's level now, by name; ``{}`` before the state is bound. A tensor
+        (or shard) the compression leaves whole (1-D, or too small to gain) has no level."""
+        return self._exchange.accordion.named_levels if self._exchange is not None else {}
+
+    @property
+    def bytes_sent_last_step(self):
+        """The bytes this rank put on the wire in the last step (FSDP: across replicas); 0 before the first."""
+        sent = self._exchange.accordion.log.bytes_per_step if self._exchange is not None else []
+        return sent[-1] if sent else 0
+
+    @property
+    def kept_bytes(self):
+        """The bytes of the state this rank keeps between steps: error-feedback memory, Q and Δ, of
+        whole layers (DDP) or of this rank's shards (FSDP); 0 before the state is bound."""
+        return self._exchange.kept_bytes() if self._exchange is not None else 0
+
+    def end_epoch(self):
+        """Close an epoch-long detection window. Call it once per epoch, on every rank."""
+        self._bound().end_epoch()
+
+    def accordion_stats(self):
+        """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""
+        return dict(self._bound().accordion.log.as_dict(), levels=self.levels)
