@@ -9,16 +9,15 @@ rank's shards across the replicas. PowerSGD runs at rank 2 (ℓ_low) in critical
 """
 import os
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from horovod_accordion.examples.ddp_loop import COMPRESSIONS, argument_parser, train_epoch
+from horovod_accordion.examples.ddp_loop import COMPRESSIONS, argument_parser
 from horovod_accordion.fsdp import AccordionState
 from example_data import digits_shards
-from progress import epochs_bar, show, write_checks
+from progress import train_with_epoch_windows
 
 
 def parse_args():
@@ -45,21 +44,8 @@ def main():
     state = AccordionState(mesh, COMPRESSIONS[args.compression], model=model, optimizer=optimizer,
                            interval=args.interval)
 
-    checks_printed = 0
-    bar = epochs_bar(args.epochs, rank, desc="fsdp")
-    for epoch in bar:
-        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
-        scheduler.step()
-        with torch.no_grad():
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        bar.write(f"[rank {rank}] epoch {epoch:2d}  loss {np.mean(losses):.4f}  test accuracy {accuracy:.3f}")
-        state.end_epoch()
-        stats = state.accordion_stats()
-        show(bar, np.mean(losses), stats["total_bytes_sent"], stats["levels"])
-        if rank == 0:
-            write_checks(bar, stats["checks"][checks_printed:], epoch)
-        checks_printed = len(stats["checks"])
-    bar.close()
+    accuracy = train_with_epoch_windows(state, model, optimizer, scheduler, (x_train, y_train, x_test, y_test),
+                                        args, rank, "fsdp")
     if rank == 0:
         sent = state.accordion_stats()["total_bytes_sent"] / 1e3
         print(f"[rank 0] {args.compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank across "

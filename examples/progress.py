@@ -64,3 +64,30 @@ def write_checks(bar, checks, epoch):
         what = (f"LR decay to {check['lr']:g} in epoch {epoch}" if check["event"] == "lr_decay"
                 else f"check after epoch {epoch}")
         bar.write(f"[rank 0] {what}: levels per layer: {levels}")
+
+
+def train_with_epoch_windows(state, model, optimizer, scheduler, data, args, rank, desc):
+    """The torch.distributed examples' loop (DDP, FSDP): each epoch trains, steps the scheduler,
+    tests, closes ``state``'s window and reports; returns the last test accuracy."""
+    import numpy as np
+    import torch
+
+    from horovod_accordion.examples.ddp_loop import train_epoch
+
+    x_train, y_train, x_test, y_test = data
+    checks_printed = 0
+    bar = epochs_bar(args.epochs, rank, desc=desc)
+    for epoch in bar:
+        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
+        scheduler.step()
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        bar.write(f"[rank {rank}] epoch {epoch:2d}  loss {np.mean(losses):.4f}  test accuracy {accuracy:.3f}")
+        state.end_epoch()
+        stats = state.accordion_stats()
+        show(bar, np.mean(losses), stats["total_bytes_sent"], stats["levels"])
+        if rank == 0:
+            write_checks(bar, stats["checks"][checks_printed:], epoch)
+        checks_printed = len(stats["checks"])
+    bar.close()
+    return accuracy
