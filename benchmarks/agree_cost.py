@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import horovod_accordion.torch as hvd
-from horovod_accordion.ddp.ops import DistributedCollectives
+from horovod_accordion.hooks.ops import DistributedCollectives
 from horovod_accordion.torch.ops import TorchCollectives
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 
 
 def microseconds_per_call(collectives, calls):

@@ -33,7 +33,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 import horovod_accordion.torch as hvd
 from horovod_accordion import ddp as accordion_ddp
 from horovod_accordion.advise.models import resnet18_cifar
-from horovod_accordion.compression import PowerSGD, matrix_shape, powersgd_compresses
+from horovod_accordion.core.compression import PowerSGD, matrix_shape, powersgd_compresses
 
 BATCH = 16
 

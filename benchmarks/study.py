@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from horovod_accordion import plot
+from horovod_accordion.tools import plot
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "study"

@@ -5,7 +5,7 @@
 The model is wrapped in ``DistributedDataParallel`` as usual; one call registers
 Accordion's communication hook. PowerSGD runs at rank 2 (ℓ_low) in critical regimes and
 rank 1 (ℓ_high) elsewhere; each check prints every layer's level. ``--plots DIR`` draws the
-run's norms and levels from its log (``python -m horovod_accordion.plot`` does the same).
+run's norms and levels from its log (``python -m horovod_accordion.tools.plot`` does the same).
 """
 import os
 import pathlib
@@ -49,7 +49,7 @@ def main():
         sent = state.accordion_stats()["total_bytes_sent"] / 1e3
         print(f"[rank 0] {args.compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank", flush=True)
         if log_path is not None:
-            from horovod_accordion.plot import run_figures
+            from horovod_accordion.tools.plot import run_figures
             for path in run_figures(log_path, args.plots):
                 print(f"[rank 0] wrote {path}", flush=True)
     dist.destroy_process_group()

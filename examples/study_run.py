@@ -11,7 +11,7 @@ def add_compression_arguments(parser, levels):
     parser.add_argument("--levels", type=float, nargs="+", metavar="LEVEL", default=levels,
                         help="ℓ_low and ℓ_high: PowerSGD ranks or TopK kept fractions (a ladder for --policy)")
     parser.add_argument("--policy", choices=["accordion", "error_budget", "phase"], default="accordion",
-                        help="how the levels are chosen from --levels: see horovod_accordion.policies")
+                        help="how the levels are chosen from --levels: see horovod_accordion.core.policies")
     parser.add_argument("--slack", type=float, default=2.0, help="error_budget: the error allowed over ℓ_low's")
 
 

@@ -3,7 +3,7 @@
 Framework adapters live in ``horovod_accordion.torch``, ``horovod_accordion.tensorflow``
 and ``horovod_accordion.keras``; this top-level package imports no framework.
 """
-from horovod_accordion.detector import RegimeDetector
+from horovod_accordion.core.detector import RegimeDetector
 
 __version__ = "0.2.0"
 __all__ = ["RegimeDetector"]

@@ -4,7 +4,7 @@
 #   wheel is built inside the image (in /opt/cache) unless that layer is cached.
 # - Otherwise: buildah (installed from Debian if missing), vfs storage, chroot isolation, and the
 #   host's Horovod wheel cache ($HOROVOD_ACCORDION_CACHE, default ~/.cache/horovod_accordion)
-#   mounted on the image's /opt/cache, so the Horovod installer (python -m horovod_accordion.install_horovod) reuses or fills it, as in
+#   mounted on the image's /opt/cache, so the Horovod installer (python -m horovod_accordion.tools.install_horovod) reuses or fills it, as in
 #   `make setup`. Where python:3.11-slim-bookworm can't be pulled, the base is the local stand-in
 #   that scripts/local_base_image.sh builds.
 # Variables: IMAGE, BASE_IMAGE (default: the Dockerfile's), HOROVOD_ACCORDION_CACHE,

@@ -43,5 +43,5 @@ step "installing horovod_accordion (editable, with dev extras)"
 # The packaged installer a wheel user runs: builds or reuses the cached patched wheel, then
 # requires `horovodrun --check-build` to list TensorFlow, PyTorch, MPI and Gloo.
 step "building or reusing Horovod"
-"$VENV/bin/python" -m horovod_accordion.install_horovod
+"$VENV/bin/python" -m horovod_accordion.tools.install_horovod
 step "ready"

@@ -1,7 +1,7 @@
 """The bucket layout: DDP's, from the parameters' sizes alone."""
 import pytest
 
-from horovod_accordion.buckets import assign_buckets
+from horovod_accordion.core.buckets import assign_buckets
 
 MB = 2 ** 20
 

@@ -7,8 +7,8 @@ import types
 import torch
 from torch.profiler import profile
 
-from horovod_accordion.compression import PowerSGD
-from horovod_accordion.reducers import PowerSGDReducer
+from horovod_accordion.core.compression import PowerSGD
+from horovod_accordion.core.reducers import PowerSGDReducer
 
 from tests.test_policies import LoneRank, lone_backends
 

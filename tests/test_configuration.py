@@ -43,7 +43,7 @@ def test_bad_configuration_raises_before_horovod_is_touched(make, message):
 
 
 def test_rank_above_matrix_size_is_clamped():
-    from horovod_accordion.compression import clamped_rank, powersgd_compresses
+    from horovod_accordion.core.compression import clamped_rank, powersgd_compresses
     assert clamped_rank(64, (32, 3, 3, 3)) == 27
     assert clamped_rank(64, (8, 100)) == 8
     assert not powersgd_compresses((10,), Compression.powersgd(1, min_compression_rate=0))

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from horovod_accordion.detector import RegimeDetector
+from horovod_accordion.core.detector import RegimeDetector
 
 
 def cifar_lr(epoch, workers=4):
@@ -267,7 +267,7 @@ def test_windows_between_checks_need_no_norms():
 def test_detector_imports_no_framework():
     import subprocess
     import sys
-    code = ("import sys, horovod_accordion.detector; "
+    code = ("import sys, horovod_accordion.core.detector; "
             "bad = [m for m in ('torch', 'tensorflow', 'horovod') if m in sys.modules]; "
             "sys.exit(str(bad) if bad else 0)")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -117,7 +117,7 @@ def test_elastic_a_killed_worker_and_a_rejoin_lose_no_committed_step(framework, 
 def keras_topk_bytes(size, fraction=0.9, shapes=((16, 32), (32,), (32, 4), (4,))):
     """Bytes per step of static TopK on the Keras elastic job's model at ``size`` ranks: each
     matrix sparse (values and int16 indices) where that is cheaper, else dense; biases dense."""
-    from horovod_accordion.compression import index_bytes, index_dtype, kept_count, packed_index_words, \
+    from horovod_accordion.core.compression import index_bytes, index_dtype, kept_count, packed_index_words, \
         sparse_is_cheaper
     total = 0
     for shape in shapes:

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from horovod_accordion import install_horovod
+from horovod_accordion.tools import install_horovod
 
 BUILD = {"horovod": "0.28.1", "patches": "p", "python": "3.11.7", "machine": "x86_64",
          "controllers": ["gloo", "mpi"], "gpu_operations": None,

@@ -2,7 +2,7 @@
 import builtins
 import json
 
-from horovod_accordion.metrics import HISTORY_STEPS, CommunicationLog
+from horovod_accordion.core.metrics import HISTORY_STEPS, CommunicationLog
 
 
 def test_a_long_run_keeps_the_last_steps_and_counts_every_one(tmp_path, monkeypatch):

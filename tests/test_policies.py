@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from horovod_accordion.accordion import Accordion
-from horovod_accordion.batch import BatchSwitch, schedule_arguments
-from horovod_accordion.compression import PowerSGD, TopK, kept_count
-from horovod_accordion.exchange import BucketedExchange
-from horovod_accordion.policies import (AccordionPolicy, ErrorBudget, PhaseSchedule, cheapest_levels,
+from horovod_accordion.core.schedule import Accordion
+from horovod_accordion.core.batch import BatchSwitch, schedule_arguments
+from horovod_accordion.core.compression import PowerSGD, TopK, kept_count
+from horovod_accordion.core.exchange import BucketedExchange
+from horovod_accordion.core.policies import (AccordionPolicy, ErrorBudget, PhaseSchedule, cheapest_levels,
                                         make_policy, policy_for)
-from horovod_accordion.reducers import PowerSGDReducer, TopKReducer, make_reducer
-from horovod_accordion.collectives import Collectives
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.core.reducers import PowerSGDReducer, TopKReducer, make_reducer
+from horovod_accordion.core.collectives import Collectives
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_cheapest, exhaustive_costs
 
@@ -276,7 +276,7 @@ def test_a_policy_that_reads_no_norms_keeps_no_delta():
 
 def test_the_plot_draws_the_levels_of_a_log_without_norms(tmp_path):
     """A phase schedule's checks log levels and no norms: no norm figure, and --layer says why."""
-    from horovod_accordion.plot import run_figures
+    from horovod_accordion.tools.plot import run_figures
     exchange = exchange_of(*accordion_with(PhaseSchedule(total_windows=3)))
     schedule = exchange.accordion
     for _ in range(3):

@@ -41,8 +41,8 @@ def test_the_wheel_and_sdist_pass_twine_check(dist):
 def test_the_wheel_holds_the_patches_the_installer_the_demo_and_examples_and_no_tests(dist):
     wheel = next(dist.glob("*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for path in ["horovod_accordion/horovod_patches.json", "horovod_accordion/install_horovod.py",
-                 "horovod_accordion/demo.py", *(f"horovod_accordion/examples/{name}.py" for name in (
+    for path in ["horovod_accordion/tools/horovod_patches.json", "horovod_accordion/tools/install_horovod.py",
+                 "horovod_accordion/examples/demo.py", *(f"horovod_accordion/examples/{name}.py" for name in (
                      "data", "ddp_loop", "lightning", "accelerate", "ray_train"))]:
         assert path in names, path
     assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/"))]
@@ -146,7 +146,6 @@ def extras_requirements(*extras):
 def test_no_example_imports_a_package_outside_its_extras(directory, extras):
     # Horovod is the installer's (not an extra), and a framework brings its own dependencies.
     allowed = extras_requirements(*extras) | {"horovod", "ray", "tensorflow", "keras"}
-    paths = sorted((REPO / directory).glob("*.py")) + ([REPO / "horovod_accordion" / "demo.py"]
-                                                      if directory.startswith("horovod") else [])
+    paths = sorted((REPO / directory).glob("*.py"))
     outside = {path.name: sorted(imported_distributions(path) - allowed) for path in paths}
     assert not any(outside.values()), outside

@@ -1,10 +1,10 @@
-"""The schedule (``horovod_accordion.accordion.Accordion``) alone: no framework, no processes."""
+"""The schedule (``horovod_accordion.core.schedule.Accordion``) alone: no framework, no processes."""
 import math
 import warnings
 
 import pytest
 
-from horovod_accordion.accordion import NO_WINDOW_WARNING_STEPS, Accordion
+from horovod_accordion.core.schedule import NO_WINDOW_WARNING_STEPS, Accordion
 
 
 def test_a_run_that_never_closes_a_window_is_told_after_longer_than_an_epoch():

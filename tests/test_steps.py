@@ -4,13 +4,13 @@ workers' checks run it on real ranks (``check_batch_switch_*``, ``seam_checks``)
 
 import pytest
 
-from horovod_accordion.compression import PowerSGD
-from horovod_accordion.accordion import Accordion
-from horovod_accordion.batch import BatchSwitch, schedule_arguments
-from horovod_accordion.reducers import make_reducer
-from horovod_accordion.steps import StepDriver
+from horovod_accordion.core.compression import PowerSGD
+from horovod_accordion.core.schedule import Accordion
+from horovod_accordion.core.batch import BatchSwitch, schedule_arguments
+from horovod_accordion.core.reducers import make_reducer
+from horovod_accordion.core.steps import StepDriver
 
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.test_policies import LONE_SHAPES, LoneRank, lone_backends, lone_exchange
 
 

@@ -19,7 +19,7 @@ def png_size(path):
 
 
 def test_plot_command_on_a_recorded_training_log(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "horovod_accordion.plot", str(RECORDED), "-o", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "horovod_accordion.tools.plot", str(RECORDED), "-o", str(tmp_path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     written = sorted(pathlib.Path(line).name for line in result.stdout.split())
@@ -35,11 +35,11 @@ def test_plot_command_on_an_optimizer_log_and_a_named_layer(tmp_path):
     log = tmp_path / "optimizer.jsonl"
     log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "epoch"}) + "\n"
                            for r in records if r["event"] in ("check", "lr_decay")))
-    result = subprocess.run([sys.executable, "-m", "horovod_accordion.plot", str(log), "-o", str(tmp_path / "out"),
+    result = subprocess.run([sys.executable, "-m", "horovod_accordion.tools.plot", str(log), "-o", str(tmp_path / "out"),
                              "--layer", "4.weight"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["levels.png", "norm.png"]
-    bad = subprocess.run([sys.executable, "-m", "horovod_accordion.plot", str(log), "-o", str(tmp_path / "bad"),
+    bad = subprocess.run([sys.executable, "-m", "horovod_accordion.tools.plot", str(log), "-o", str(tmp_path / "bad"),
                           "--layer", "nope"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no layer 'nope'" in bad.stderr
 
@@ -102,7 +102,7 @@ def test_study_smoke_summarizes_and_resumes(tmp_path):
 def test_a_log_without_epochs_plots_the_rates_its_checks_and_decays_saw():
     """The DDP example's norm.png had an empty learning-rate axis: its log has no epoch
     records, and one decay event alone is not a schedule."""
-    from horovod_accordion.plot import learning_rates
+    from horovod_accordion.tools.plot import learning_rates
     records = [{"event": "check", "step": 10, "lr": 0.1}, {"event": "check", "step": 30, "lr": 0.1},
                {"event": "lr_decay", "step": 30, "lr": 0.01}, {"event": "check", "step": 50, "lr": 0.01},
                {"event": "check", "step": 60, "lr": None}, {"event": "step", "step": 61}]

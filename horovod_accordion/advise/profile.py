@@ -14,16 +14,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from horovod_accordion.accordion import Accordion
+from horovod_accordion.core.schedule import Accordion
 from horovod_accordion.advise.hsdp import shard_shape, shards_of
 from horovod_accordion.advise.variants import LAYOUTS
-from horovod_accordion.buckets import assign_buckets
-from horovod_accordion.collectives import Collectives, Done
-from horovod_accordion.exchange import BucketedExchange
-from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer
-from horovod_accordion.torch_compression import Compression, PlainCompressor
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.core.buckets import assign_buckets
+from horovod_accordion.core.collectives import Collectives, Done
+from horovod_accordion.core.exchange import BucketedExchange
+from horovod_accordion.core.metrics import CommunicationLog
+from horovod_accordion.core.reducers import make_reducer
+from horovod_accordion.torch_common.compression import Compression, PlainCompressor
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 
 __all__ = ["SimulatedWorld", "layout_buckets", "measure_compute", "measure_exchange", "padded_shard", "profile_model"]
 

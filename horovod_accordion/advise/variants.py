@@ -4,7 +4,7 @@
 
 from dataclasses import dataclass
 
-from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.core.compression import PowerSGD, TopK
 
 __all__ = ["Variant", "parse_variant", "LAYOUTS"]
 

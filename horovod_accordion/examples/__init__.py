@@ -7,5 +7,5 @@ through one trainer, with every compression of ``--compression``::
     accelerate launch --multi_gpu --num_processes 2 -m horovod_accordion.examples.accelerate
     python -m horovod_accordion.examples.ray_train
 
-``python -m horovod_accordion.demo`` is the Horovod one (``--framework tensorflow`` for Keras).
+``python -m horovod_accordion.examples.demo`` is the Horovod one (``--framework tensorflow`` for Keras).
 """

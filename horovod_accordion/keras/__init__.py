@@ -15,8 +15,8 @@ from horovod_accordion.keras import callbacks  # noqa: F401,E402 - Horovod's cal
 from horovod_accordion.keras.callbacks import AccordionCallback  # noqa: F401,E402
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401,E402
 from horovod_accordion.tensorflow.optimizer import DistributedOptimizer, load_model  # noqa: F401,E402
-from horovod_accordion.batch import BatchSwitch  # noqa: F401,E402
-from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401,E402
+from horovod_accordion.core.batch import BatchSwitch  # noqa: F401,E402
+from horovod_accordion.core.policies import ErrorBudget, PhaseSchedule  # noqa: F401,E402
 import horovod_accordion.keras.elastic as elastic  # noqa: F401,E402 - hvd.elastic, with Accordion's KerasState
 
 import horovod.tensorflow.keras as _horovod_keras  # noqa: E402

@@ -17,5 +17,5 @@ from horovod.tensorflow import (  # noqa: F401 - Horovod's basics and collective
 from horovod_accordion.keras3.callbacks import AccordionCallback, BroadcastGlobalVariablesCallback  # noqa: F401
 from horovod_accordion.keras3.optimizer import DistributedOptimizer, load_model  # noqa: F401
 from horovod_accordion.tensorflow.compression import Compression  # noqa: F401
-from horovod_accordion.batch import BatchSwitch  # noqa: F401
-from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401
+from horovod_accordion.core.batch import BatchSwitch  # noqa: F401
+from horovod_accordion.core.policies import ErrorBudget, PhaseSchedule  # noqa: F401

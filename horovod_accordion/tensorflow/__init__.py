@@ -10,8 +10,8 @@ from horovod_accordion.tensorflow.optimizer import (  # noqa: F401 - horovod.ten
     tensorflow_distributed_optimizer as DistributedOptimizer)
 from horovod_accordion.tensorflow.state import AccordionState  # noqa: F401
 from horovod_accordion.tensorflow.tape import DistributedGradientTape  # noqa: F401
-from horovod_accordion.batch import BatchSwitch  # noqa: F401
-from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401
+from horovod_accordion.core.batch import BatchSwitch  # noqa: F401
+from horovod_accordion.core.policies import ErrorBudget, PhaseSchedule  # noqa: F401
 
 import horovod.tensorflow as _horovod_tensorflow  # noqa: E402
 

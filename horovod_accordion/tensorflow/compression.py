@@ -6,7 +6,7 @@
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from horovod_accordion.compression import PowerSGD, TopK, cast_compressor
+from horovod_accordion.core.compression import PowerSGD, TopK, cast_compressor
 
 __all__ = ["Compression"]
 

@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from horovod_accordion.arguments import under_elastic
-from horovod_accordion.policies import policy_for
+from horovod_accordion.core.arguments import under_elastic
+from horovod_accordion.core.policies import policy_for
 from horovod_accordion.tensorflow.state import AccordionState
 
 __all__ = ["AccordionOptimizer", "accordion_keras_optimizer", "build_weights", "deserializers"]

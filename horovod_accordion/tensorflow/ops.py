@@ -1,13 +1,13 @@
-"""The TensorFlow collectives of ``horovod_accordion.reducers``: Horovod's collectives, as graph
+"""The TensorFlow collectives of ``horovod_accordion.core.reducers``: Horovod's collectives, as graph
 ops, over the TensorFlow tensor maths (``horovod_accordion.tensorflow.tensors``).
 """
 
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from horovod_accordion.arguments import under_elastic
-from horovod_accordion.collectives import Done
-from horovod_accordion.process_sets import HorovodProcessSetCollectives
+from horovod_accordion.core.arguments import under_elastic
+from horovod_accordion.core.collectives import Done
+from horovod_accordion.core.process_sets import HorovodProcessSetCollectives
 
 __all__ = ["TensorFlowCollectives"]
 

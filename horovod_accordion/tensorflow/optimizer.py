@@ -9,8 +9,8 @@ averages the gradients in ``apply_gradients`` through an ``AccordionState``
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from horovod_accordion.compression import PowerSGD, TopK
-from horovod_accordion.policies import make_policy
+from horovod_accordion.core.compression import PowerSGD, TopK
+from horovod_accordion.core.policies import make_policy
 from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer, deserializers
 
 __all__ = ["DistributedOptimizer", "load_model", "tensorflow_distributed_optimizer"]

@@ -15,14 +15,14 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 from horovod.tensorflow.compression import Compressor
 
-from horovod_accordion.accordion import Accordion
-from horovod_accordion.arguments import (check_optimizer_arguments, check_real_floating,
+from horovod_accordion.core.schedule import Accordion
+from horovod_accordion.core.arguments import (check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import schedule_arguments
-from horovod_accordion.exchange import BucketedExchange
-from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer, split_state
-from horovod_accordion.steps import StepDriver
+from horovod_accordion.core.batch import schedule_arguments
+from horovod_accordion.core.exchange import BucketedExchange
+from horovod_accordion.core.metrics import CommunicationLog
+from horovod_accordion.core.reducers import make_reducer, split_state
+from horovod_accordion.core.steps import StepDriver
 from horovod_accordion.tensorflow.ops import TensorFlowCollectives
 from horovod_accordion.tensorflow.summary import SummaryScalars
 from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps

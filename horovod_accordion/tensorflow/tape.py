@@ -3,7 +3,7 @@
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from horovod_accordion.compression import PowerSGD, TopK
+from horovod_accordion.core.compression import PowerSGD, TopK
 
 __all__ = ["DistributedGradientTape"]
 

@@ -1,5 +1,5 @@
 """TensorFlow tensor maths and state for the reducers; the collectives are in
-``horovod_accordion/tensorflow/ops.py``, as torch's are apart from ``horovod_accordion.torch_tensors``.
+``horovod_accordion/tensorflow/ops.py``, as torch's are apart from ``horovod_accordion.torch_common.tensors``.
 
 What a step runs is graph-safe: state and levels are ``tf.Variable``s, so the reducers run
 inside ``tf.function`` and a level switch (a variable assignment) reuses the traced graph.
@@ -10,7 +10,7 @@ are computed in fp32, as in the torch backend.
 import numpy as np
 import tensorflow as tf
 
-from horovod_accordion.compression import matrix_shape
+from horovod_accordion.core.compression import matrix_shape
 
 __all__ = ["TensorFlowTensorOps"]
 

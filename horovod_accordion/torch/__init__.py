@@ -8,9 +8,10 @@ from horovod.torch import *  # noqa: F401,F403 - the one-import-line drop-in
 from horovod.torch import init, rank, size, local_rank, Average, Sum  # noqa: F401
 
 from horovod_accordion.torch.compression import Compression, FP16Compressor, NoneCompressor  # noqa: F401
-from horovod_accordion.torch.optimizer import DistributedOptimizer, broadcast_optimizer_state  # noqa: F401
-from horovod_accordion.batch import BatchSwitch  # noqa: F401
-from horovod_accordion.policies import ErrorBudget, PhaseSchedule  # noqa: F401
+from horovod_accordion.torch.optimizer import DistributedOptimizer  # noqa: F401
+from horovod_accordion.torch.optimizer_state import broadcast_optimizer_state  # noqa: F401
+from horovod_accordion.core.batch import BatchSwitch  # noqa: F401
+from horovod_accordion.core.policies import ErrorBudget, PhaseSchedule  # noqa: F401
 import horovod_accordion.torch.elastic as elastic  # noqa: E402,F401 - hvd.elastic, with our state handler
 
 import horovod.torch as _horovod_torch  # noqa: E402

@@ -3,12 +3,12 @@
 ``Compression.none`` and ``Compression.fp16`` are Horovod compressors (``Compressor``
 subclasses): they work with stock ``hvd.DistributedOptimizer(compression=...)`` too.
 ``Compression.powersgd`` and ``Compression.topk`` describe switchable compressors for
-Accordion. The maths are ``horovod_accordion.torch_compression``'s, which the DDP hook shares.
+Accordion. The maths are ``horovod_accordion.torch_common.compression``'s, which the DDP hook shares.
 """
 
 from horovod.torch.compression import Compressor
 
-from horovod_accordion import torch_compression
+from horovod_accordion.torch_common import compression as torch_compression
 
 __all__ = ["Compression", "NoneCompressor", "FP16Compressor"]
 
@@ -29,7 +29,7 @@ class Compression(torch_compression.Compression):
         fp16: Horovod's: floating-point gradients travel as fp16.
         powersgd: ``Compression.powersgd(low_rank, high_rank=None, ...)``: PowerSGD at rank ``low_rank``
             in critical regimes and ``high_rank`` elsewhere (one rank: static); see
-            ``horovod_accordion.reducers``.
+            ``horovod_accordion.core.reducers``.
         topk: ``Compression.topk(low_fraction, high_fraction=None)``: the largest ``low_fraction`` of
             each layer's gradient in critical regimes, ``high_fraction`` elsewhere, with error feedback.
     """

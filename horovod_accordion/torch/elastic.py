@@ -17,7 +17,8 @@ needs no change:
 from horovod.torch.elastic import *  # noqa: F401,F403 - run, TorchState, ElasticSampler
 from horovod.torch.elastic import state as _state
 
-from horovod_accordion.torch.optimizer import AccordionOptimizer, broadcast_optimizer_state
+from horovod_accordion.torch.optimizer import AccordionOptimizer
+from horovod_accordion.torch.optimizer_state import broadcast_optimizer_state
 
 
 class AccordionOptimizerStateHandler(_state.OptimizerStateHandler):

@@ -1,5 +1,5 @@
-"""The Horovod collectives of ``horovod_accordion.reducers`` for torch: Horovod's asynchronous
-collectives over the shared torch tensor maths (``horovod_accordion.torch_tensors``).
+"""The Horovod collectives of ``horovod_accordion.core.reducers`` for torch: Horovod's asynchronous
+collectives over the shared torch tensor maths (``horovod_accordion.torch_common.tensors``).
 """
 
 import time
@@ -7,7 +7,7 @@ import time
 import torch
 import horovod.torch as hvd
 
-from horovod_accordion.process_sets import HorovodProcessSetCollectives
+from horovod_accordion.core.process_sets import HorovodProcessSetCollectives
 from horovod_accordion.torch.compression import NoneCompressor
 
 __all__ = ["TorchCollectives"]

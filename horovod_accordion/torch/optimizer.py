@@ -3,7 +3,7 @@ or, with ``batch_switch``, the batch size.
 
 Like Horovod's, it is a factory that subclasses the user's optimizer class, so
 ``isinstance`` and ``state_dict`` keep working. Like DDP, it groups the parameters into
-buckets of ``bucket_cap_mb`` (see ``horovod_accordion.buckets``): a hook on each parameter's
+buckets of ``bucket_cap_mb`` (see ``horovod_accordion.core.buckets``): a hook on each parameter's
 gradient accumulation starts a bucket's first collective (the dense allreduce, PowerSGD's P,
 TopK's values and indices) as soon as its last gradient of the step is in, while backward
 goes on; ``synchronize()`` (called by ``step()``) starts the buckets that no backward filled
@@ -26,22 +26,22 @@ import torch
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
-from horovod_accordion.accordion import Accordion, warn_if_no_window_closed
-from horovod_accordion.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
+from horovod_accordion.core.schedule import Accordion, warn_if_no_window_closed
+from horovod_accordion.core.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
-from horovod_accordion.batch import schedule_arguments
-from horovod_accordion.buckets import assign_buckets
-from horovod_accordion.exchange import BucketedExchange
-from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer
-from horovod_accordion.steps import StepDriver
+from horovod_accordion.core.batch import schedule_arguments
+from horovod_accordion.core.buckets import assign_buckets
+from horovod_accordion.core.exchange import BucketedExchange
+from horovod_accordion.core.metrics import CommunicationLog
+from horovod_accordion.core.reducers import make_reducer
+from horovod_accordion.core.steps import StepDriver
 from horovod_accordion.torch.compression import Compression
-from horovod_accordion.torch_compression import PlainCompressor
-from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
+from horovod_accordion.torch_common.compression import PlainCompressor
+from horovod_accordion.torch_common.loss_scale import LossScale, grad_scaler_property
 from horovod_accordion.torch.ops import TorchCollectives
-from horovod_accordion.torch_tensors import TorchTensorOps, map_leaves, summary_writer
+from horovod_accordion.torch_common.tensors import TorchTensorOps, summary_writer
 
-__all__ = ["AccordionOptimizer", "DistributedOptimizer", "broadcast_optimizer_state"]
+__all__ = ["AccordionOptimizer", "DistributedOptimizer"]
 
 
 class AccordionOptimizer:
@@ -382,97 +382,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = None if grad is None else grad.to(p.device)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, model=None):
-    """``hvd.broadcast_optimizer_state`` for Accordion's optimizer, and Horovod's for any other.
-
-    Every rank takes ``root_rank``'s state: the wrapped optimizer's (momentum, LR), the
-    levels, the detector, Q and the step counters. Each rank keeps its own error-feedback
-    memory, TopK residuals and window Δ, which are per rank by nature. An optimizer with no
-    state yet gets one as Horovod gives it (zero gradients and the wrapped optimizer's own
-    step), without a step of the exchange: no phantom update of the compression state. It
-    makes one broadcast whatever each rank has loaded, so "rank 0 loads the checkpoint, then
-    broadcast" cannot hang.
-    """
-    if not isinstance(optimizer, AccordionOptimizer):
-        return hvd.broadcast_optimizer_state(optimizer, root_rank, model=model)
-    process_set = optimizer.process_set
-    if not process_set.included():
-        return None
-    if under_elastic():
-        optimizer.check_same_parameters_on_all_ranks()
-    if not super(optimizer.__class__, optimizer).state_dict()["state"]:
-        _initialize_state(optimizer)
-    shared = None
-    if hvd.rank() == root_rank:
-        shared = optimizer.state_dict()
-        shared["accordion"] = dict(shared["accordion"], per_rank=None)
-    shared = _broadcast_state(shared, root_rank, process_set, optimizer._tensors.device)
-    own = optimizer.state_dict()["accordion"]["per_rank"]
-    shared["accordion"]["per_rank"] = own
-    optimizer.load_state_dict(shared)
-    return None
-
-
-def _initialize_state(optimizer):
-    """Horovod's way to give a fresh optimizer its state (momentum buffers, Adam's moments) before
-    a broadcast: zero gradients and one step of the wrapped optimizer. Without the exchange, so
-    nothing is communicated and no Accordion step is counted; the zero gradients stay, as
-    Horovod leaves them. Unlike Horovod's, the parameters are put back as they were: with weight
-    decay that step moves them, on the ranks whose state was empty only ("rank 0 loads the
-    checkpoint"), and the replicas would part."""
-    trained = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    kept = [p.detach().clone() for p in trained]
-    for p in trained:
-        p.grad = torch.zeros_like(p)
-        if isinstance(optimizer, torch.optim.SparseAdam):
-            p.grad = p.grad.to_sparse()
-    super(optimizer.__class__, optimizer).step()
-    with torch.no_grad():
-        for p, value in zip(trained, kept):
-            p.copy_(value)
-
-
-class _TensorSlot:
-    """Where a broadcast state had a tensor: its shape, dtype and whether it lived on the CPU
-    (Adam keeps its step count there, to avoid a host sync per parameter)."""
-
-    def __init__(self, tensor):
-        self.shape, self.dtype, self.on_cpu = tuple(tensor.shape), tensor.dtype, tensor.device.type == "cpu"
-
-
-def _broadcast_state(state, root_rank, process_set, device):
-    """``root_rank``'s ``state`` on every rank. Its tensors travel as tensors, as in Horovod's
-    ``broadcast_optimizer_state``, each landing on this rank's ``device`` (or on the CPU, where
-    the root kept it there); only the rest is pickled, so no rank unpickles a tensor onto the
-    root's GPU."""
-    root = hvd.rank() == root_rank
-    sent = []
-
-    def to_slot(tensor):
-        sent.append(tensor)
-        return _TensorSlot(tensor)
-
-    skeleton = hvd.broadcast_object(map_leaves(state, torch.Tensor, to_slot) if root else None,
-                                    root_rank=root_rank, name="accordion.optimizer_state", process_set=process_set)
-    buffers = []
-
-    def to_buffer(slot):
-        """Every rank walks the skeleton in the same order, so the k-th buffer is the root's k-th tensor."""
-        where = "cpu" if slot.on_cpu else device
-        if root:  # a copy: state_dict() hands out the live tensors
-            buffers.append(sent[len(buffers)].to(where, copy=True).contiguous())
-        else:
-            buffers.append(torch.empty(slot.shape, dtype=slot.dtype, device=where))
-        return buffers[-1]
-
-    received = map_leaves(skeleton, _TensorSlot, to_buffer)
-    handles = [hvd.broadcast_async_(tensor, root_rank, name=f"accordion.optimizer_state.{k}", process_set=process_set)
-               for k, tensor in enumerate(buffers)]
-    for handle in handles:
-        hvd.synchronize(handle)
-    return received
-
-
 def _on_gradient_arriving(optimizer_ref, layer, _gradient):
     optimizer = optimizer_ref()
     if optimizer is not None:
@@ -549,15 +458,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         per_layer: decide per parameter tensor (the paper) or once for the whole model.
         lr_decay_factor: a learning-rate drop to 1/``lr_decay_factor`` of the highest
             rate since the last such drop puts every layer at ℓ_low until the next
-            check. ``None`` disables the rule. See ``horovod_accordion.detector``.
-        delta_windows: how many windows a check's Δ spans; see ``horovod_accordion.accordion.Accordion``.
-        check_norm: which norm a check reads; see ``horovod_accordion.accordion.Accordion``.
+            check. ``None`` disables the rule. See ``horovod_accordion.core.detector``.
+        delta_windows: how many windows a check's Δ spans; see ``horovod_accordion.core.schedule.Accordion``.
+        check_norm: which norm a check reads; see ``horovod_accordion.core.schedule.Accordion``.
         verify_levels: debugging: whenever the levels are decided, compare those of all ranks and raise
             on every rank if they differ. ``None``: on if ``HOROVOD_ACCORDION_VERIFY_LEVELS=1``.
         log_path: rank 0 appends each step's bytes and each check's levels to this JSONL file.
         tensorboard_dir: rank 0 writes TensorBoard scalars there: bytes per step, and each
             layer's level and ratio at every check (needs the ``tensorboard`` package).
-        batch_switch: a ``horovod_accordion.batch.BatchSwitch``: switch the batch size
+        batch_switch: a ``horovod_accordion.core.batch.BatchSwitch``: switch the batch size
             (1 or m micro-batches per communication, whole-model decision) instead of the
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
             micro-batch; the optimizer averages the micro-batches and scales the LR.
@@ -568,7 +477,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             Horovod's optimizer, and Horovod's tensor fusion batches them.
         policy: how each layer's level is chosen from the compression's ladder:
             ``"accordion"`` (ℓ_low or ℓ_high), ``"error_budget"``, ``ErrorBudget(slack)`` or
-            ``PhaseSchedule(total_windows)``; see ``horovod_accordion.policies``.
+            ``PhaseSchedule(total_windows)``; see ``horovod_accordion.core.policies``.
         grad_scaler: the ``torch.amp.GradScaler`` of an AMP loop, whose loss scale the
             gradients carry: Accordion's Δ and error feedback then work in true units, and the
             averages are handed back scaled, for ``scaler.unscale_``. A GradScaler in use that

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 import horovod_accordion.torch as hvd
 from horovod_accordion.advise.profile import measure_exchange
 from horovod_accordion.advise.variants import Variant, parse_variant
-from horovod_accordion.compression import PowerSGD
+from horovod_accordion.core.compression import PowerSGD
 from tests.workers.models import batch_of_rank, make_model
 
 # Each compression, and the fixed level whose run the Accordion variant's ℓ_high is compared with.

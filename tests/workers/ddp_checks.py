@@ -10,7 +10,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, Compression, ErrorBudget, PhaseSchedule, PowerSGD, TopK, accordion_hook
-from horovod_accordion.ddp.trainers import EveryRankState, attach
+from horovod_accordion.trainers.common import EveryRankState, attach
 from tests.workers.models import batch_of_rank, horovod_import_error, make_model
 from tests.workers.policy_reference import assert_policy_checks, reference_costs
 

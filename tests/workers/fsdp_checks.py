@@ -17,13 +17,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
-import horovod_accordion.fsdp.state as fsdp_state
+import horovod_accordion.hooks.fsdp_state as fsdp_state
 from horovod_accordion.advise.profile import measure_exchange, padded_shard
 from horovod_accordion.advise.variants import Variant, parse_variant
-from horovod_accordion.compression import kept_count
+from horovod_accordion.core.compression import kept_count
 from horovod_accordion.ddp import AccordionState as DDPAccordionState
 from horovod_accordion.fsdp import AccordionState, Compression, PowerSGD, TopK
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State, horovod_import_error
 
 REPLICAS = SHARDS = 2

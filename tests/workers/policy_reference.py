@@ -3,7 +3,7 @@ the least-cost levels by exhaustive search, and what each logged check should ha
 import itertools
 import math
 
-from horovod_accordion.policies import BUDGET_UNITS
+from horovod_accordion.core.policies import BUDGET_UNITS
 
 
 def exhaustive_costs(errors, costs, budget):

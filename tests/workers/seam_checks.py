@@ -15,7 +15,7 @@ import horovod.torch as horovod
 
 import horovod_accordion.tensorflow as hvd_tf
 import horovod_accordion.torch as hvd
-from horovod_accordion.compression import sparse_is_cheaper
+from horovod_accordion.core.compression import sparse_is_cheaper
 from horovod_accordion.torch import BatchSwitch, Compression
 from tests.workers.torch_checks import assert_same_on_all_ranks, gathered, rank_batch, set_rank_gradients
 from tests.workers.models import make_model
@@ -244,7 +244,7 @@ def check_a_checkpoint_of_other_shapes_is_a_value_error_and_restores_nothing():
 def check_ranks_that_built_different_numbers_of_exchanges_agree_on_collective_names():
     """The names' number came from what each process had built (or still held alive): ranks
     that differ there must still send the same names."""
-    from horovod_accordion.arguments import collective_prefix
+    from horovod_accordion.core.arguments import collective_prefix
 
     model = make_model()
     names = [name for name, _ in model.named_parameters()]

@@ -12,12 +12,12 @@ import horovod.torch as horovod_torch
 
 import horovod_accordion.keras as hvd_keras
 import horovod_accordion.tensorflow as hvd
-from horovod_accordion.batch import BatchSwitch
-from horovod_accordion.reducers import PowerSGDReducer, TopKReducer
+from horovod_accordion.core.batch import BatchSwitch
+from horovod_accordion.core.reducers import PowerSGDReducer, TopKReducer
 from horovod_accordion.tensorflow.ops import TensorFlowCollectives
 from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
 from horovod_accordion.torch.ops import TorchCollectives
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
 

@@ -13,7 +13,7 @@ import torch
 import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
-from horovod_accordion.reducers import initial_query
+from horovod_accordion.core.reducers import initial_query
 from horovod_accordion.torch import BatchSwitch, Compression, ops
 from tests.workers.policy_reference import set_regime
 from tests.workers.torch_checks import gathered, make_model, rank_batch, set_rank_gradients, train

@@ -1,6 +1,6 @@
 """Build, cache and install the patched Horovod that horovod_accordion runs on.
 
-    python -m horovod_accordion.install_horovod        # or: horovod-accordion-install-horovod
+    python -m horovod_accordion.tools.install_horovod        # or: horovod-accordion-install-horovod
 
 PyPI's horovod 0.28.1 sdist does not build against torch >= 2.1 or TF >= 2.16, and no newer
 Horovod has been released. This downloads that sdist, applies the edits in
@@ -33,7 +33,7 @@ import sys
 import tarfile
 import tempfile
 
-PATCHES = importlib.resources.files("horovod_accordion") / "horovod_patches.json"
+PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
 # The names `horovodrun --check-build` prints.
 FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
 FRAMEWORK_DISTRIBUTIONS = {"torch": ["torch"], "tensorflow": ["tensorflow", "tensorflow-cpu"]}
@@ -252,7 +252,7 @@ def check_build(build):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m horovod_accordion.install_horovod", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m horovod_accordion.tools.install_horovod", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path(os.environ.get(
         "HOROVOD_ACCORDION_CACHE", pathlib.Path.home() / ".cache" / "horovod_accordion")))

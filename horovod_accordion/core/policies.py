@@ -3,7 +3,7 @@
 Accordion's detector decides *when* training is in a critical regime; a policy turns what
 a window shows into one level per layer, from the compression's ladder (``PowerSGD(4, 1,
 ladder=(4, 2, 1))``: ℓ_low first, ℓ_high last). No framework is imported here: the
-adapters measure, the schedule (``horovod_accordion.accordion``) asks the policy.
+adapters measure, the schedule (``horovod_accordion.core.schedule``) asks the policy.
 
 * ``AccordionPolicy`` (``"accordion"``, the default): ℓ_low for critical layers, ℓ_high
   for the others (Agarwal et al., MLSys 2021). The ladder's middle levels go unused.

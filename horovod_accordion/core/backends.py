@@ -1,7 +1,7 @@
 """The contracts between the core (the reducers, the exchange, the schedule) and each framework's
-backends, as ``typing.Protocol``s: what a tensor backend (``torch_tensors.TorchTensorOps``,
+backends, as ``typing.Protocol``s: what a tensor backend (``torch_common.tensors.TorchTensorOps``,
 ``tensorflow.tensors.TensorFlowTensorOps``) and a collectives backend (``torch/ops.py``,
-``ddp/ops.py``, ``tensorflow/ops.py``, the advisor's ``SimulatedWorld``) must provide.
+``hooks/ops.py``, ``tensorflow/ops.py``, the advisor's ``SimulatedWorld``) must provide.
 ``make test`` type-checks every backend against them (``tests/test_backends.py``), so a backend
 that lacks a method fails there, not at run time on some path. Imports no framework.
 
@@ -177,7 +177,7 @@ class EagerTensorOps(TensorOps, Protocol):
 
 
 class CollectiveOps(Protocol):
-    """The collectives over one backend's tensors (``horovod_accordion.collectives.Collectives``
+    """The collectives over one backend's tensors (``horovod_accordion.core.collectives.Collectives``
     gives the fused ones and the byte count from the two single-tensor ones)."""
 
     tensors: Any  # its TensorOps

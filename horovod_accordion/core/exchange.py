@@ -25,21 +25,21 @@ layer runs at the same level.
 import warnings
 from typing import Optional
 
-from horovod_accordion.backends import CollectiveOps, EagerTensorOps, Sharding
-from horovod_accordion.reducers import BucketReduction, split_state
+from horovod_accordion.core.backends import CollectiveOps, EagerTensorOps, Sharding
+from horovod_accordion.core.reducers import BucketReduction, split_state
 
 __all__ = ["BucketedExchange"]
 
 
 class BucketedExchange:
     """Args:
-        accordion: the ``horovod_accordion.accordion.Accordion`` schedule.
-        reducer: the reducer of ``horovod_accordion.reducers`` that averages the gradients; the
+        accordion: the ``horovod_accordion.core.schedule.Accordion`` schedule.
+        reducer: the reducer of ``horovod_accordion.core.reducers`` that averages the gradients; the
             exchange runs on its backends, its ``tensors`` and its ``collectives``.
         params: the parameters, one per layer, in the order of ``accordion.layer_names``.
         loss_scale: called before each step's first bucket, returns the loss scale that the
             step's gradients carry (a device scalar of the backend), or ``None``; see
-            ``horovod_accordion.torch_loss_scale``. Only read where it matters: for Δ or for a
+            ``horovod_accordion.torch_common.loss_scale``. Only read where it matters: for Δ or for a
             reducer's error feedback (a dense reducer averages the scaled gradients, as Horovod).
         sharding: a ``backends.Sharding``, where ``params`` are each rank's shards and the
             reducer's collectives span one shard's replicas; ``None``: every rank holds every

@@ -1,7 +1,7 @@
 """The schedule shared by every adapter: no tensors, no collectives.
 
 It owns the detector, counts steps and windows, turns critical flags into levels through
-the policy and logs each check. The exchange (``horovod_accordion.exchange``) accumulates
+the policy and logs each check. The exchange (``horovod_accordion.core.exchange``) accumulates
 the gradients, reduces the per-layer squared norms across ranks and calls ``end_window``
 with the result.
 """
@@ -10,9 +10,9 @@ import math
 import os
 import warnings
 
-from horovod_accordion.detector import RegimeDetector
-from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.policies import make_policy, policy_for
+from horovod_accordion.core.detector import RegimeDetector
+from horovod_accordion.core.metrics import CommunicationLog
+from horovod_accordion.core.policies import make_policy, policy_for
 
 __all__ = ["Accordion", "NO_WINDOW_WARNING_STEPS", "warn_if_no_window_closed"]
 
@@ -50,7 +50,7 @@ class Accordion:
             compression compresses: the others (1-D tensors, matrices too small to gain) are
             decided on too, but their level is never used, so ``named_levels`` and the log
             leave them out. ``None``: every layer (a batch size applies to all).
-        policy: how the levels are chosen from the ladder, see ``horovod_accordion.policies``:
+        policy: how the levels are chosen from the ladder, see ``horovod_accordion.core.policies``:
             ``"accordion"`` (the default), ``"error_budget"``, or a policy object.
     """
 

@@ -13,7 +13,7 @@ build it before it wraps the model (Lightning's ``DDPStrategy(ddp_comm_state=...
 itself at the first hook call, to the parameters DDP hands over.
 
 The hook runs the same reducers, detector and per-bucket phases as the Horovod optimizer
-(``horovod_accordion.exchange``): each DDP bucket's first phase (PowerSGD's P, TopK's
+(``horovod_accordion.core.exchange``): each DDP bucket's first phase (PowerSGD's P, TopK's
 values and indices) goes on the wire when DDP hands the bucket over, while backward goes
 on; the last bucket runs the remaining phases of all of them, on the autograd thread. It
 chains no collective from a future's callback, as torch's ``powerSGD_hook`` does, so over
@@ -26,16 +26,16 @@ import weakref
 
 import torch
 
-from horovod_accordion.accordion import warn_if_no_window_closed
-from horovod_accordion.arguments import check_on_one_device
-from horovod_accordion.compression import PowerSGD
-from horovod_accordion.ddp.ops import DistributedCollectives
-from horovod_accordion.hook_exchange import HookStateViews, build_exchange
-from horovod_accordion.policies import policy_for
-from horovod_accordion.reducers import DenseReducer
-from horovod_accordion.torch_compression import check_hook_compression, is_plain
-from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.core.schedule import warn_if_no_window_closed
+from horovod_accordion.core.arguments import check_on_one_device
+from horovod_accordion.core.compression import PowerSGD
+from horovod_accordion.hooks.ops import DistributedCollectives
+from horovod_accordion.hooks.exchange import HookStateViews, build_exchange
+from horovod_accordion.core.policies import policy_for
+from horovod_accordion.core.reducers import DenseReducer
+from horovod_accordion.torch_common.compression import check_hook_compression, is_plain
+from horovod_accordion.torch_common.loss_scale import LossScale, grad_scaler_property
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 
 __all__ = ["AccordionState", "accordion_hook"]
 

@@ -2,7 +2,7 @@
 size, and the cross-rank checks, over the framework's Horovod module (``horovod_module``) and
 tensor constructor (``as_tensor``), which each backend names. Imports no framework."""
 
-from horovod_accordion.collectives import Collectives
+from horovod_accordion.core.collectives import Collectives
 
 __all__ = ["HorovodProcessSetCollectives"]
 

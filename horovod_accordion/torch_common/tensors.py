@@ -1,5 +1,5 @@
 """Torch tensor maths and state for the reducers, shared by the Horovod backend
-(``horovod_accordion/torch/ops.py``) and the DDP backend (``horovod_accordion/ddp/ops.py``).
+(``horovod_accordion/torch/ops.py``) and the DDP backend (``horovod_accordion/hooks/ops.py``).
 
 It imports no Horovod, so the DDP hook runs where Horovod was never built. Compressed
 layers are computed and sent in fp32; bf16 tensors travel as fp32, which every backend
@@ -8,7 +8,7 @@ accepts (Horovod 0.28.1 rejects bf16 allreduce), or as bf16 where asked (``bf16_
 
 import torch
 
-from horovod_accordion.compression import kept_count, matrix_shape
+from horovod_accordion.core.compression import kept_count, matrix_shape
 
 __all__ = ["Level", "TorchTensorOps", "map_leaves", "summary_writer"]
 
@@ -53,7 +53,7 @@ class Level:
 class TorchTensorOps:
     """The tensor backend of the reducers and the exchange: state, levels and maths, on
     ``device``. The collectives over it are Horovod's (``torch/ops.py``) or torch.distributed's
-    (``ddp/ops.py``)."""
+    (``hooks/ops.py``)."""
 
     def __init__(self, device="cpu", bf16_wire=False):
         self.device = device  # where the parameters, hence the compression state, live

@@ -1,10 +1,10 @@
 """The smallest Accordion run: an MLP on synthetic data, PowerSGD rank 2 in critical regimes, rank 1 elsewhere.
 
-    horovodrun -np 2 python -m horovod_accordion.demo                          # PyTorch
-    horovodrun -np 2 python -m horovod_accordion.demo --framework tensorflow   # Keras (tf_keras) model.fit
+    horovodrun -np 2 python -m horovod_accordion.examples.demo                          # PyTorch
+    horovodrun -np 2 python -m horovod_accordion.examples.demo --framework tensorflow   # Keras (tf_keras) model.fit
 
 It needs only the wheel's ``torch`` or ``tensorflow`` extra and the patched Horovod
-(``python -m horovod_accordion.install_horovod``). ``examples/`` in the repository has the
+(``python -m horovod_accordion.tools.install_horovod``). ``examples/`` in the repository has the
 full-size versions, with every compression and the comparison runs.
 """
 import argparse
@@ -102,7 +102,7 @@ def report_end(hvd, accuracy, stats):
         print(f"trained on {hvd.size()} ranks with Accordion PowerSGD 2/1: {len(stats['checks'])} checks, "
               f"test accuracy {accuracy:.3f}", flush=True)
         if hvd.size() == 1:
-            print("one rank only: launch with `horovodrun -np 2 python -m horovod_accordion.demo`", flush=True)
+            print("one rank only: launch with `horovodrun -np 2 python -m horovod_accordion.examples.demo`", flush=True)
 
 
 def main():

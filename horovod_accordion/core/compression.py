@@ -30,7 +30,7 @@ class PowerSGD:
         seed: seed of the random Q; identical on every rank, so all ranks draw the same Q.
         ladder: the ranks a level policy may choose from, ``low_rank`` first and ``high_rank``
             last, decreasing, for example ``(4, 2, 1)``. ``None``: ``(low_rank, high_rank)``,
-            Accordion's two levels. See ``horovod_accordion.policies``.
+            Accordion's two levels. See ``horovod_accordion.core.policies``.
     """
     low_rank: int
     high_rank: int = None

@@ -3,18 +3,18 @@
 A reducer averages a list of gradients over ranks at each layer's current level. The
 maths live here; the framework adapters supply two backends, so torch and TensorFlow run the
 same algorithm and a fix is made once: the tensor maths and the state that survives a step
-(``horovod_accordion/torch_tensors.py``, ``horovod_accordion/tensorflow/tensors.py``), and the
-collectives over them (``horovod_accordion.collectives``: ``torch/ops.py`` for Horovod,
-``ddp/ops.py`` for torch.distributed, ``tensorflow/ops.py`` for Horovod's TF ops).
+(``horovod_accordion/torch_common/tensors.py``, ``horovod_accordion/tensorflow/tensors.py``), and the
+collectives over them (``horovod_accordion.core.collectives``: ``torch/ops.py`` for Horovod,
+``hooks/ops.py`` for torch.distributed, ``tensorflow/ops.py`` for Horovod's TF ops).
 """
 
 import warnings
 
 import numpy as np
 
-from horovod_accordion.arguments import under_elastic
-from horovod_accordion.backends import CollectiveOps, TensorOps
-from horovod_accordion.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
+from horovod_accordion.core.arguments import under_elastic
+from horovod_accordion.core.backends import CollectiveOps, TensorOps
+from horovod_accordion.core.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
                                            kept_count, packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
 __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "initial_query", "make_reducer",
@@ -24,7 +24,7 @@ __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", 
 def make_reducer(compression, shapes, tensors: TensorOps, collectives: CollectiveOps, plain_compressor):
     """The reducer for ``compression`` and its (ℓ_low, ℓ_high), on the backends ``tensors`` and
     ``collectives``; ``plain_compressor`` is the base class of the framework's plain compressors
-    (none, fp16): Horovod's ``Compressor``, or ``torch_compression.PlainCompressor`` where there
+    (none, fp16): Horovod's ``Compressor``, or ``torch_common.compression.PlainCompressor`` where there
     is no Horovod (DDP, the advisor)."""
     if isinstance(compression, PowerSGD):
         return PowerSGDReducer(shapes, compression, tensors, collectives), compression.levels

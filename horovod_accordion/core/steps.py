@@ -8,15 +8,15 @@ Counting a micro-batch is idempotent until the next one begins, so an explicit
 ``synchronize()`` followed by ``step()`` counts it once, as ``step()`` alone does.
 """
 
-from horovod_accordion.batch import MicroBatchCounter
+from horovod_accordion.core.batch import MicroBatchCounter
 
 __all__ = ["StepDriver"]
 
 
 class StepDriver:
     """Args:
-        exchange: the ``horovod_accordion.exchange.BucketedExchange`` that runs the steps.
-        batch_switch: a ``horovod_accordion.batch.BatchSwitch``, or ``None``.
+        exchange: the ``horovod_accordion.core.exchange.BucketedExchange`` that runs the steps.
+        batch_switch: a ``horovod_accordion.core.batch.BatchSwitch``, or ``None``.
         backward_passes_per_step: the micro-batches of every step without a batch switch.
     """
 

@@ -1,4 +1,4 @@
-"""The torch.distributed collectives of ``horovod_accordion.reducers``, for DDP's communication
+"""The torch.distributed collectives of ``horovod_accordion.core.reducers``, for DDP's communication
 hook: asynchronous ``torch.distributed`` collectives over the shared torch tensor maths.
 
 Unlike Horovod's, these collectives are matched across ranks by the order in which they
@@ -12,8 +12,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from horovod_accordion.collectives import Collectives
-from horovod_accordion.torch_compression import NoneCompressor
+from horovod_accordion.core.collectives import Collectives
+from horovod_accordion.torch_common.compression import NoneCompressor
 
 __all__ = ["DistributedCollectives"]
 

@@ -10,7 +10,7 @@ them. ``powersgd`` and ``topk`` describe Accordion's switchable compressors.
 
 import torch
 
-from horovod_accordion.compression import PowerSGD, TopK, cast_compressor
+from horovod_accordion.core.compression import PowerSGD, TopK, cast_compressor
 
 __all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor", "check_hook_compression", "is_plain"]
 

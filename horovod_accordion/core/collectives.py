@@ -2,7 +2,7 @@
 
 Each backend supplies the collectives of one flat tensor (``start_allreduce_mean``,
 ``start_allgather``) and the world's ``size`` and ``rank``: Horovod's torch ops
-(``torch/ops.py``), torch.distributed for DDP (``ddp/ops.py``) and Horovod's TF ops
+(``torch/ops.py``), torch.distributed for DDP (``hooks/ops.py``) and Horovod's TF ops
 (``tensorflow/ops.py``). Fusing a list of tensors into one allreduce per wire dtype, as torch's
 ``powerSGD_hook`` buckets them, is written here once. Imports no framework.
 """

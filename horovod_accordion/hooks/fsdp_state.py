@@ -14,7 +14,7 @@
 FSDP2 reduce-scatters each unit's gradients inside a replica (the fast link, uncompressed),
 then calls the unit's all-reduce hook with this rank's flat shard buffer. The hook averages each
 layer's shard across the replicas (the slow link) with the exchange every backend runs
-(``horovod_accordion.exchange``): PowerSGD sees each shard as its block of rows, and the error
+(``horovod_accordion.core.exchange``): PowerSGD sees each shard as its block of rows, and the error
 feedback, Q and Δ are shard-sized, so sharding keeps its memory saving. The detector sums a
 layer's shards' squared norms over the world, so every rank decides alike.
 
@@ -32,16 +32,16 @@ from typing import NamedTuple
 import torch
 from torch.autograd import Variable
 
-from horovod_accordion.accordion import warn_if_no_window_closed
-from horovod_accordion.backends import CollectiveOps
-from horovod_accordion.compression import PowerSGD
-from horovod_accordion.ddp.ops import DistributedCollectives
-from horovod_accordion.fsdp.layout import ShardLayout
-from horovod_accordion.hook_exchange import HookStateViews, build_exchange
-from horovod_accordion.policies import policy_for
-from horovod_accordion.torch_compression import check_hook_compression, is_plain
-from horovod_accordion.torch_loss_scale import LossScale, grad_scaler_property
-from horovod_accordion.torch_tensors import TorchTensorOps
+from horovod_accordion.core.schedule import warn_if_no_window_closed
+from horovod_accordion.core.backends import CollectiveOps
+from horovod_accordion.core.compression import PowerSGD
+from horovod_accordion.hooks.ops import DistributedCollectives
+from horovod_accordion.hooks.fsdp_layout import ShardLayout
+from horovod_accordion.hooks.exchange import HookStateViews, build_exchange
+from horovod_accordion.core.policies import policy_for
+from horovod_accordion.torch_common.compression import check_hook_compression, is_plain
+from horovod_accordion.torch_common.loss_scale import LossScale, grad_scaler_property
+from horovod_accordion.torch_common.tensors import TorchTensorOps
 
 __all__ = ["AccordionState"]
 
@@ -54,7 +54,7 @@ class _Sharding(NamedTuple):
 class AccordionState(HookStateViews):
     """Args:
         mesh: the 2-D ``DeviceMesh`` of replicas × shards that the model is sharded on (its
-            ``"shard"`` dimension; see ``horovod_accordion.fsdp.layout.ShardLayout``).
+            ``"shard"`` dimension; see ``horovod_accordion.hooks.fsdp_layout.ShardLayout``).
         compression: as ``horovod_accordion.ddp.AccordionState``'s: ``Compression.none``,
             ``Compression.fp16``, ``PowerSGD(low_rank, high_rank)`` or
             ``TopK(low_fraction, high_fraction)``, applied to each rank's shard of each layer.

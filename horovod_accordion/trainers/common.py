@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from horovod_accordion.ddp.state import accordion_hook
-from horovod_accordion.torch_tensors import map_leaves
+from horovod_accordion.hooks.ddp_state import accordion_hook
+from horovod_accordion.torch_common.tensors import map_leaves
 
 __all__ = ["EveryRankState", "attach", "step_metrics"]
 

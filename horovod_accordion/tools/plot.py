@@ -1,6 +1,6 @@
 """Plots of Accordion runs, from their JSONL logs (matplotlib, PNG).
 
-    python -m horovod_accordion.plot LOG.jsonl -o DIR [--layer NAME]
+    python -m horovod_accordion.tools.plot LOG.jsonl -o DIR [--layer NAME]
 
 ``LOG.jsonl`` is either a training record (``examples/pytorch_train.py --record``: one line per
 epoch, plus the checks and decays) or an optimizer's own ``log_path`` (steps, checks and

@@ -3,14 +3,14 @@
 exchange, schedule and step driver; only the parameters they hand over and the collectives differ.
 """
 
-from horovod_accordion.accordion import Accordion
-from horovod_accordion.arguments import check_real_floating, check_same_exchange_on_all_ranks
-from horovod_accordion.exchange import BucketedExchange
-from horovod_accordion.metrics import CommunicationLog
-from horovod_accordion.reducers import make_reducer
-from horovod_accordion.steps import StepDriver
-from horovod_accordion.torch_compression import PlainCompressor
-from horovod_accordion.torch_tensors import summary_writer
+from horovod_accordion.core.schedule import Accordion
+from horovod_accordion.core.arguments import check_real_floating, check_same_exchange_on_all_ranks
+from horovod_accordion.core.exchange import BucketedExchange
+from horovod_accordion.core.metrics import CommunicationLog
+from horovod_accordion.core.reducers import make_reducer
+from horovod_accordion.core.steps import StepDriver
+from horovod_accordion.torch_common.compression import PlainCompressor
+from horovod_accordion.torch_common.tensors import summary_writer
 
 __all__ = ["HookStateViews", "build_exchange"]
 
