@@ -109,8 +109,7 @@ def finished(path):
 
 def worker_env():
     env = dict(os.environ)
-    # Horovod's 1 ms default cycle time dominates a step of these small models: 0.2 ms takes
-    # a 40-epoch MNIST-1D run on 4 ranks from 70 s to 45 s here.
+    # Horovod's 1 ms default cycle time dominates a step of these small models.
     env.update({"OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                 "HOROVOD_CYCLE_TIME": "0.2",
                 "PATH": str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")})

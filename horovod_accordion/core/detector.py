@@ -22,8 +22,8 @@ How this differs from the authors' code, on purpose (spec §8-9):
   window and the one before it. A step schedule (÷10) fires at each step, as the
   authors' ``lr_next < lr`` does. A smooth schedule (cosine, linear) is left to the
   norm rule: its rate falls by a factor 2 within one epoch only in its last one or two
-  epochs, so a 300-epoch cosine fires at most twice, where a drop counted from the last
-  event fired twelve times and kept ℓ_low for 31 of the last 50 epochs. A warm-up only
+  epochs, so a long cosine fires at most twice, where a drop counted from the last event
+  would fire again and again and keep ℓ_low through its tail. A warm-up only
   raises the rate and never fires.
 * A non-finite norm never changes a level: the layer keeps its flag and a warning is
   emitted.

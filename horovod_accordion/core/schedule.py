@@ -9,12 +9,13 @@ with the result.
 import math
 import os
 import warnings
+import weakref
 
 from horovod_accordion.core.detector import RegimeDetector
 from horovod_accordion.core.metrics import CommunicationLog
 from horovod_accordion.core.policies import make_policy, policy_for
 
-__all__ = ["Accordion", "NO_WINDOW_WARNING_STEPS", "warn_if_no_window_closed"]
+__all__ = ["Accordion", "NO_WINDOW_WARNING_STEPS", "warn_at_exit_if_no_window_closed", "warn_if_no_window_closed"]
 
 # Longer than any epoch of a data-parallel job (ImageNet-1k on 8 ranks of 32 is 5,000 steps):
 # with no window closed by then, nothing calls end_epoch().
@@ -234,9 +235,15 @@ class Accordion:
         self._levels = list(state["current_levels"]) if "current_levels" in state else self._decide()
 
 
+def warn_at_exit_if_no_window_closed(owner, accordion, closer):
+    """Where windows are epochs: warn when ``owner`` (the adapter) is collected, or at exit, if
+    ``accordion`` never closed one. The misuse is certain only once training is over. ``closer``
+    is the call that closes a window, as the user writes it."""
+    if accordion.adaptive and accordion.window_steps is None:
+        weakref.finalize(owner, warn_if_no_window_closed, accordion, closer)
+
+
 def warn_if_no_window_closed(accordion, closer):
-    """At exit (or when the adapter is collected): the misuse is certain only once training is
-    over. ``closer`` is the call that closes a window, as the user writes it."""
     if accordion.adaptive and accordion.step > 0 and accordion.detector.windows_seen == 0:
         warnings.warn(
             f"Accordion ran {accordion.step} steps and never closed a detection window, so every layer "

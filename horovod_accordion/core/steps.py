@@ -10,7 +10,13 @@ Counting a micro-batch is idempotent until the next one begins, so an explicit
 
 from horovod_accordion.core.batch import MicroBatchCounter
 
-__all__ = ["StepDriver"]
+__all__ = ["StepDriver", "watched_lr"]
+
+
+def watched_lr(optimizer):
+    """The learning rate the decay rule watches: a torch optimizer's first parameter group's,
+    where LR schedulers set it."""
+    return optimizer.param_groups[0]["lr"]
 
 
 class StepDriver:

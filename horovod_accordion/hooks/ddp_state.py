@@ -26,15 +26,14 @@ import weakref
 
 import torch
 
-from horovod_accordion.core.schedule import warn_if_no_window_closed
+from horovod_accordion.core.schedule import warn_at_exit_if_no_window_closed
 from horovod_accordion.core.arguments import check_on_one_device
 from horovod_accordion.core.compression import PowerSGD
 from horovod_accordion.hooks.ops import DistributedCollectives
-from horovod_accordion.hooks.exchange import HookStateViews, build_exchange
-from horovod_accordion.core.policies import policy_for
+from horovod_accordion.hooks.exchange import HookStateViews, build_exchange, hook_loss_scale, schedule_options
 from horovod_accordion.core.reducers import DenseReducer
-from horovod_accordion.torch_common.compression import check_hook_compression, is_plain
-from horovod_accordion.torch_common.loss_scale import LossScale, grad_scaler_property
+from horovod_accordion.torch_common.compression import check_hook_compression, compression_levels
+from horovod_accordion.torch_common.loss_scale import grad_scaler_property
 from horovod_accordion.torch_common.tensors import TorchTensorOps
 
 __all__ = ["AccordionState", "accordion_hook"]
@@ -118,13 +117,13 @@ class AccordionState(HookStateViews):
         self.compression = compression
         self.start_iter = start_iter
         self.iter = 0
-        self._schedule_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
-                                      lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
-                                      check_norm=check_norm, verify_levels=verify_levels,
-                                      policy=policy_for(policy, self._levels()))
+        self._schedule_options = schedule_options(
+            compression, policy, eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
+            lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
+            verify_levels=verify_levels)
         self.log_path, self.tensorboard_dir = log_path, tensorboard_dir
         self.bf16_wire = bf16_wire
-        self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
+        self._loss_scale = hook_loss_scale(grad_scaler)
         self._unbound()
         self._optimizer = optimizer
         self._hook_watch = HookWatch()
@@ -182,8 +181,7 @@ class AccordionState(HookStateViews):
             self.__dict__.update(before)
             raise
         self._saved = None
-        if accordion.adaptive and accordion.window_steps is None:
-            weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
+        warn_at_exit_if_no_window_closed(self, accordion, "state.end_epoch()")
         if self._lr_before_binding is not None:
             self._steps.observe_lr(self._lr_before_binding)
             self._lr_before_binding = None
@@ -215,15 +213,6 @@ class AccordionState(HookStateViews):
         """``None``: windows are epochs, closed by ``end_epoch()``; else their length in steps."""
         return self._schedule_options["window_steps"]
 
-    def observe_lr(self, lr):
-        """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given).
-        A collective where the decay rule can switch levels (the rate is agreed over ranks, see
-        ``BucketedExchange.observe_lr``): call it on every rank, at the same points."""
-        if self.bound:
-            self._steps.observe_lr(lr)
-        else:
-            self._lr_before_binding = lr
-
     def state_dict(self):
         """Before the state is bound: the state dict loaded into it, if any, else ``None``."""
         if not self.bound:
@@ -252,14 +241,13 @@ class AccordionState(HookStateViews):
 
     def __setstate__(self, state):
         # A state pickled before it had these.
-        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": LossScale(), "bf16_wire": False}, **state))
+        self.__dict__.update(dict({"tensorboard_dir": None, "_loss_scale": hook_loss_scale(), "bf16_wire": False}, **state))
         self.process_group = None
         self._unbound()
         self._hook_watch = HookWatch(ran=True)  # an unpickled state may be read only: no warning for it
 
     def _levels(self):
-        """(ℓ_low, ℓ_high) of the compression; ``(None, None)`` for none and fp16."""
-        return (None, None) if is_plain(self.compression) else tuple(self.compression.levels)
+        return compression_levels(self.compression)
 
     def _bound(self):
         if not self.bound:
@@ -298,8 +286,7 @@ class AccordionState(HookStateViews):
             raise
 
     def _start(self, bucket):
-        if self._optimizer is not None:
-            self._steps.observe_lr(self._optimizer.param_groups[0]["lr"])
+        self._observe_optimizer_lr()
         layers = [self._layer(p) for p in bucket.params]
         self._exchange.start(bucket.index, layers, bucket.grads,
                              reducer=self._plain if self.iter < self.start_iter else None)

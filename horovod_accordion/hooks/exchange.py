@@ -8,11 +8,24 @@ from horovod_accordion.core.arguments import check_real_floating, check_same_exc
 from horovod_accordion.core.exchange import BucketedExchange
 from horovod_accordion.core.metrics import CommunicationLog
 from horovod_accordion.core.reducers import make_reducer
-from horovod_accordion.core.steps import StepDriver
-from horovod_accordion.torch_common.compression import PlainCompressor
+from horovod_accordion.core.policies import policy_for
+from horovod_accordion.core.steps import StepDriver, watched_lr
+from horovod_accordion.torch_common.compression import PlainCompressor, compression_levels
+from horovod_accordion.torch_common.loss_scale import LossScale
 from horovod_accordion.torch_common.tensors import summary_writer
 
-__all__ = ["HookStateViews", "build_exchange"]
+__all__ = ["HookStateViews", "build_exchange", "hook_loss_scale", "schedule_options"]
+
+
+def schedule_options(compression, policy, **options):
+    """``Accordion``'s keywords from a hook state's arguments: ``options`` as given, the policy
+    built for ``compression``'s levels."""
+    return dict(options, policy=policy_for(policy, compression_levels(compression)))
+
+
+def hook_loss_scale(grad_scaler=None):
+    """The loss scale a hook state reads ``grad_scaler``'s scale from, and how to give it one."""
+    return LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
 
 
 def build_exchange(names, params, compression, schedule_options, collectives, *, sharding=None, loss_scale=None,
@@ -38,8 +51,9 @@ def build_exchange(names, params, compression, schedule_options, collectives, *,
 
 class HookStateViews:
     """What a hook's state says of its exchange, in the same words on DDP and FSDP. The state
-    has ``_exchange`` (``None`` until a DDP state is bound) and ``_bound()``, which returns the
-    exchange or raises, saying why there is none."""
+    has ``_exchange`` (``None`` until a DDP state is bound), ``_steps`` (its step driver),
+    ``_optimizer`` (or ``None``) and ``_bound()``, which returns the exchange or raises, saying
+    why there is none."""
 
     @property
     def levels(self):
@@ -58,6 +72,20 @@ class HookStateViews:
         """The bytes of the state this rank keeps between steps: error-feedback memory, Q and Δ, of
         whole layers (DDP) or of this rank's shards (FSDP); 0 before the state is bound."""
         return self._exchange.kept_bytes() if self._exchange is not None else 0
+
+    def observe_lr(self, lr):
+        """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given).
+        A collective where the decay rule can switch levels (the rate is agreed over ranks, see
+        ``BucketedExchange.observe_lr``): call it on every rank, at the same points."""
+        if self._exchange is not None:
+            self._steps.observe_lr(lr)
+        else:
+            self._lr_before_binding = lr
+
+    def _observe_optimizer_lr(self):
+        """At the step's first hook: the ``optimizer``'s rate, where the state was given one."""
+        if self._optimizer is not None:
+            self._steps.observe_lr(watched_lr(self._optimizer))
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank."""

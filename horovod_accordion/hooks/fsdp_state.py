@@ -26,21 +26,19 @@ queued on the stream FSDP runs the hook in.
 import functools
 import io
 import json
-import weakref
 from typing import NamedTuple
 
 import torch
 from torch.autograd import Variable
 
-from horovod_accordion.core.schedule import warn_if_no_window_closed
+from horovod_accordion.core.schedule import warn_at_exit_if_no_window_closed
 from horovod_accordion.core.backends import CollectiveOps
 from horovod_accordion.core.compression import PowerSGD
 from horovod_accordion.hooks.ops import DistributedCollectives
 from horovod_accordion.hooks.fsdp_layout import ShardLayout
-from horovod_accordion.hooks.exchange import HookStateViews, build_exchange
-from horovod_accordion.core.policies import policy_for
-from horovod_accordion.torch_common.compression import check_hook_compression, is_plain
-from horovod_accordion.torch_common.loss_scale import LossScale, grad_scaler_property
+from horovod_accordion.hooks.exchange import HookStateViews, build_exchange, hook_loss_scale, schedule_options
+from horovod_accordion.torch_common.compression import check_hook_compression
+from horovod_accordion.torch_common.loss_scale import grad_scaler_property
 from horovod_accordion.torch_common.tensors import TorchTensorOps
 
 __all__ = ["AccordionState"]
@@ -87,13 +85,12 @@ class AccordionState(HookStateViews):
             raise ValueError("this model's units already have an all-reduce hook (another AccordionState?): build "
                              "one state per model")
         tensors = TorchTensorOps(layout.shard_params[0].device, bf16_wire)
-        levels = (None, None) if is_plain(compression) else tuple(compression.levels)
-        schedule_options = dict(eta=eta, interval=interval, window_steps=window_steps, per_layer=per_layer,
-                                lr_decay_factor=lr_decay_factor, delta_windows=delta_windows, check_norm=check_norm,
-                                verify_levels=verify_levels, policy=policy_for(policy, levels))
-        self._loss_scale = LossScale(grad_scaler, "grad_scaler=scaler to AccordionState, or set state.grad_scaler")
+        options = schedule_options(compression, policy, eta=eta, interval=interval, window_steps=window_steps,
+                                   per_layer=per_layer, lr_decay_factor=lr_decay_factor, delta_windows=delta_windows,
+                                   check_norm=check_norm, verify_levels=verify_levels)
+        self._loss_scale = hook_loss_scale(grad_scaler)
         self._exchange, self._steps = build_exchange(
-            layout.names, layout.shard_params, compression, schedule_options,
+            layout.names, layout.shard_params, compression, options,
             DistributedCollectives(tensors, layout.replicate_group),
             sharding=_Sharding(layout.shards, DistributedCollectives(tensors)), loss_scale=self._loss_scale,
             log_path=log_path, tensorboard_dir=tensorboard_dir)
@@ -106,15 +103,9 @@ class AccordionState(HookStateViews):
             unit.module.set_reduce_scatter_unused_params(True, recurse=False)
             unit.module.set_all_reduce_hook(functools.partial(self._on_unit, index))
         model.register_forward_pre_hook(self._before_forward)
-        if accordion.adaptive and window_steps is None:
-            weakref.finalize(self, warn_if_no_window_closed, accordion, "state.end_epoch()")
+        warn_at_exit_if_no_window_closed(self, accordion, "state.end_epoch()")
 
     grad_scaler = grad_scaler_property()
-
-    def observe_lr(self, lr):
-        """Tell the detector the learning rate of the coming step (without ``optimizer``). A
-        collective where the decay rule can switch levels: call it on every rank, at the same points."""
-        self._steps.observe_lr(lr)
 
     def _bound(self):
         return self._exchange
@@ -153,8 +144,7 @@ class AccordionState(HookStateViews):
             # After FSDP's own end-of-backward callback, queued before any unit's hook runs.
             Variable._execution_engine.queue_callback(self._end_step)
             self._in_step = True
-            if self._optimizer is not None:
-                self._steps.observe_lr(self._optimizer.param_groups[0]["lr"])
+            self._observe_optimizer_lr()
         try:
             shards = unit.shards_of(flat)
             post_divide = unit.post_divide(flat)

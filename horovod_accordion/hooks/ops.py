@@ -21,8 +21,8 @@ __all__ = ["DistributedCollectives"]
 # Gloo's worker thread lets go of a finished collective's tensors just after it completes, and
 # freeing a tensor that Python made takes the GIL. A worker that gets there after the interpreter
 # has begun to finalize is ended inside a destructor, and the process aborts ("terminate called
-# without an active exception", pytorch/pytorch#38228, #190489). About 1 run in 50 of our 2-rank
-# jobs did, after training had finished, with Accordion's hook and with plain DDP alike. So at exit,
+# without an active exception", pytorch/pytorch#38228, #190489), after training has finished, with
+# Accordion's hook and with plain DDP alike (the CHANGELOG has how often). So at exit,
 # while the interpreter is whole, the GIL is handed over long enough for the workers to finish:
 # registered on import, so that a baseline run without the hook has it too.
 atexit.register(time.sleep, 0.1)

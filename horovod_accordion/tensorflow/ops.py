@@ -48,7 +48,7 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
     def start_allreduce_means(self, tensors, name, compression=None):
         """Each of ``tensors`` averaged over ranks by one grouped allreduce, as Horovod's tape does:
         Horovod fuses them in its own buffer, where a concatenation here would copy every
-        gradient twice more (1.18x stock Horovod's step on a ResNet-50)."""
+        gradient twice more."""
         if not tensors:
             return Done([])
         compression = compression or hvd.Compression.none

@@ -26,7 +26,7 @@ import torch
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
-from horovod_accordion.core.schedule import Accordion, warn_if_no_window_closed
+from horovod_accordion.core.schedule import Accordion, warn_at_exit_if_no_window_closed
 from horovod_accordion.core.arguments import (check_on_one_device, check_optimizer_arguments, check_real_floating,
                                         check_same_exchange_on_all_ranks, collective_prefix, under_elastic)
 from horovod_accordion.core.batch import schedule_arguments
@@ -34,7 +34,7 @@ from horovod_accordion.core.buckets import assign_buckets
 from horovod_accordion.core.exchange import BucketedExchange
 from horovod_accordion.core.metrics import CommunicationLog
 from horovod_accordion.core.reducers import make_reducer
-from horovod_accordion.core.steps import StepDriver
+from horovod_accordion.core.steps import StepDriver, watched_lr
 from horovod_accordion.torch.compression import Compression
 from horovod_accordion.torch_common.compression import PlainCompressor
 from horovod_accordion.torch_common.loss_scale import LossScale, grad_scaler_property
@@ -83,8 +83,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._loss_scale = LossScale(grad_scaler)
         self._exchange = BucketedExchange(self._accordion, self._reducer, self._params, self._loss_scale)
         self._steps = StepDriver(self._exchange, batch_switch, backward_passes_per_step)
-        if self._accordion.adaptive and self._accordion.window_steps is None:
-            weakref.finalize(self, warn_if_no_window_closed, self._accordion, "optimizer.end_epoch()")
+        warn_at_exit_if_no_window_closed(self, self._accordion, "optimizer.end_epoch()")
         self._synchronized = False
         self._should_synchronize = True
         self._buckets = [[layer] for layer in reversed(range(len(self._params)))] if self._reducer.fuses_itself \
@@ -243,7 +242,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Before the step's first bucket (in batch mode, the micro-batch's count observes it
         first, so a decay switches to the small batch at once). Once per step: see
         ``BucketedExchange.observe_lr``."""
-        self._steps.observe_lr(self.param_groups[0]["lr"])
+        self._steps.observe_lr(watched_lr(self))
 
     def _dense_grad(self, p):
         if p.grad is None:
@@ -293,7 +292,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _count_micro_batch(self):
         """Count this micro-batch once, whichever of ``synchronize()`` and ``step()`` comes
         first; whether it completes the large batch."""
-        return self._steps.count_micro_batch(self.param_groups[0]["lr"])
+        return self._steps.count_micro_batch(watched_lr(self))
 
     def step(self, closure=None):
         if self._steps.switches_batch and not self._count_micro_batch():

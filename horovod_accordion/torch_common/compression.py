@@ -12,7 +12,8 @@ import torch
 
 from horovod_accordion.core.compression import PowerSGD, TopK, cast_compressor
 
-__all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor", "check_hook_compression", "is_plain"]
+__all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor", "check_hook_compression",
+           "compression_levels", "is_plain"]
 
 
 class PlainCompressor:
@@ -22,6 +23,11 @@ class PlainCompressor:
 def is_plain(compression):
     """Whether ``compression`` is a plain compressor class (none, fp16), which has no levels."""
     return isinstance(compression, type) and issubclass(compression, PlainCompressor)
+
+
+def compression_levels(compression):
+    """(ℓ_low, ℓ_high) of ``compression``; ``(None, None)`` for none and fp16."""
+    return (None, None) if is_plain(compression) else tuple(compression.levels)
 
 
 def check_hook_compression(compression):

@@ -18,6 +18,7 @@ import warnings
 
 import lightning.pytorch as pl
 
+from horovod_accordion.core.steps import watched_lr
 from horovod_accordion.trainers.common import EveryRankState, attach, step_metrics
 
 __all__ = ["AccordionCallback"]
@@ -54,7 +55,7 @@ class AccordionCallback(pl.Callback):
                grad_scaler=getattr(trainer.precision_plugin, "scaler", None))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.state.observe_lr(trainer.optimizers[0].param_groups[0]["lr"])
+        self.state.observe_lr(watched_lr(trainer.optimizers[0]))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         pl_module.log_dict(step_metrics(self.state, self.log_levels), on_step=True, on_epoch=False)
