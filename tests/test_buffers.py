@@ -3,12 +3,14 @@ collective may give back, which tensors share the buffer, and gradients with a h
 workers' ``check_powersgd_computes_p_and_q_into_buffers_kept_across_steps`` runs them on 2 ranks."""
 
 import types
+import warnings
 
+import pytest
 import torch
 from torch.profiler import profile
 
-from horovod_accordion.core.compression import PowerSGD
-from horovod_accordion.core.reducers import PowerSGDReducer
+from horovod_accordion.core.compression import PowerSGD, TopK
+from horovod_accordion.core.reducers import PowerSGDReducer, make_reducer
 
 from tests.test_policies import LoneRank, lone_backends
 
@@ -59,3 +61,18 @@ def test_gradients_with_a_history_are_reduced():
     weights = [torch.ones(shape, requires_grad=True) for shape in SHAPES]
     outputs = reducer.reduce([g * w for g, w in zip(gradients(), weights)])
     assert all(torch.isfinite(o).all() for o in outputs)
+
+
+def test_a_compression_that_leaves_every_layer_whole_says_so_and_names_the_largest():
+    """``PowerSGD(64, 32)`` on layers smaller than its rank sent everything uncompressed with empty levels, silently."""
+    tensors, collectives = lone_backends()
+    small = [(32, 16), (16,), (8, 32)]
+    with pytest.warns(RuntimeWarning, match=r"PowerSGD\(low_rank=64.*compresses none of the 3 gradients.*"
+                                            r"largest is of shape \(32, 16\)"):
+        reducer, _ = make_reducer(PowerSGD(64, 32), small, tensors, collectives, None)
+    assert reducer.compressed == []
+    with pytest.warns(RuntimeWarning, match=r"TopK.*compresses none of the 2 gradients.*largest is of shape \(16,\)"):
+        make_reducer(TopK(0.5, 0.1), [(16,), (4,)], tensors, collectives, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert make_reducer(PowerSGD(2, 1), small, tensors, collectives, None)[0].compressed == [0, 2]

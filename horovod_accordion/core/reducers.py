@@ -18,7 +18,7 @@ from horovod_accordion.core.compression import (PowerSGD, TopK, clamped_rank, in
                                            kept_count, packed_index_words, powersgd_compresses, sparse_is_cheaper)
 
 __all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "initial_query", "make_reducer",
-           "query_stream", "split_state"]
+           "query_stream", "split_state", "warn_if_nothing_is_compressed"]
 
 
 def make_reducer(compression, shapes, tensors: TensorOps, collectives: CollectiveOps, plain_compressor):
@@ -26,15 +26,35 @@ def make_reducer(compression, shapes, tensors: TensorOps, collectives: Collectiv
     ``collectives``; ``plain_compressor`` is the base class of the framework's plain compressors
     (none, fp16): Horovod's ``Compressor``, or ``torch_common.compression.PlainCompressor`` where there
     is no Horovod (DDP, the advisor)."""
-    if isinstance(compression, PowerSGD):
-        return PowerSGDReducer(shapes, compression, tensors, collectives), compression.levels
-    if isinstance(compression, TopK):
-        return TopKReducer(shapes, compression, tensors, collectives), compression.levels
+    if isinstance(compression, (PowerSGD, TopK)):
+        reducer_class = PowerSGDReducer if isinstance(compression, PowerSGD) else TopKReducer
+        reducer = reducer_class(shapes, compression, tensors, collectives)
+        warn_if_nothing_is_compressed(compression, shapes, reducer.compressed)
+        return reducer, compression.levels
     if plain_compressor is not None and isinstance(compression, type) and issubclass(compression, plain_compressor):
         return DenseReducer(shapes, compression, tensors, collectives), (None, None)
     raise ValueError(
         f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
         f"Compression.topk(...), got {compression!r}")
+
+
+def warn_if_nothing_is_compressed(compression, shapes, compressed):
+    """A compression that leaves every tensor whole sends what ``Compression.none`` would, and
+    its levels never change: said here, where every backend builds its reducer, since nothing
+    else shows it (the levels are just empty). The same shapes on every rank, so every rank
+    warns alike."""
+    if compressed or not shapes:
+        return
+    largest = tuple(max(shapes, key=lambda shape: int(np.prod(shape))))
+    if isinstance(compression, PowerSGD):
+        rule = (f"PowerSGD compresses an n×m matrix only where (n + m)·low_rank·min_compression_rate < n·m, "
+                f"here (n + m)·{compression.low_rank}·{compression.min_compression_rate:g} < n·m: lower low_rank "
+                f"or min_compression_rate")
+    else:
+        rule = "TopK compresses tensors of two or more dimensions only"
+    warnings.warn(f"{compression!r} compresses none of the {len(shapes)} gradients: all of them are averaged "
+                  f"uncompressed, as Compression.none would, and no level ever applies; the largest is of shape "
+                  f"{largest}. {rule}", RuntimeWarning)
 
 
 def split_state(reducer):
