@@ -537,3 +537,32 @@ def check_ranks_whose_learning_rates_differ_switch_together():
     decays = [(c["step"], c["lr"]) for c in state.accordion_stats()["checks"] if c["event"] == "lr_decay"]
     assert decays == [(8, 0.01)], decays
     return decays
+
+
+def check_end_epoch_before_any_step_warns_in_the_same_words_bound_or_not():
+    """Issue 43: unbound, ``end_epoch()`` said the hook was not registered when it was; with
+    ``model=`` it closed an empty window silently. Both now warn alike and close nothing, and the
+    same call after a step closes a window."""
+    import warnings
+
+    from horovod_accordion.hooks.exchange import END_EPOCH_BEFORE_ANY_STEP
+
+    said = []
+    for bound in (False, True):
+        model = DistributedDataParallel(make_model(0))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        state = AccordionState(compression=PowerSGD(2, 1, min_compression_rate=0), interval=1,
+                               model=model if bound else None, optimizer=optimizer)
+        model.register_comm_hook(state, accordion_hook)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state.end_epoch()
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert messages == [END_EPOCH_BEFORE_ANY_STEP], (bound, messages)
+        assert "before any training step" in messages[0] and "registered" not in messages[0], messages
+        train(model, optimizer, 2)
+        assert state._exchange.accordion.detector.windows_seen == 0, bound  # the early call closed none
+        state.end_epoch()
+        assert state._exchange.accordion.detector.windows_seen == 1, bound
+        said.append(messages[0])
+    return said

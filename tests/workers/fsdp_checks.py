@@ -592,3 +592,22 @@ def check_an_fp16_reduction_that_divides_after_the_hook_gets_its_factor_back():
     worst = max(float((a.double() - b.double()).abs().max()) for a, b in zip(*grads) if a.numel())
     assert worst <= 2.0 ** -24, worst
     return worst
+
+
+def check_end_epoch_before_any_step_warns_as_on_ddp():
+    """Issue 43: the same call was a silent no-op on FSDP; it now says what DDP's state says."""
+    import warnings
+
+    from horovod_accordion.hooks.exchange import END_EPOCH_BEFORE_ANY_STEP
+
+    model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0), window_steps=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state.end_epoch()
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert messages == [END_EPOCH_BEFORE_ANY_STEP], messages
+    train(model, optimizer, 2)
+    assert state._exchange.accordion.detector.windows_seen == 0  # the early call closed none
+    state.end_epoch()
+    assert state._exchange.accordion.detector.windows_seen == 1
+    return messages[0]
