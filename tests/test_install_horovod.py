@@ -157,3 +157,19 @@ def test_a_cache_entry_appears_whole_and_a_concurrent_one_is_kept(tmp_path):
     wheel.write_bytes(b"rebuilt")
     assert install_horovod.publish(wheel, BUILD, destination).read_bytes() == b"rebuilt"  # --rebuild replaces
     assert [p.name for p in wheels.iterdir()] == [destination.name]
+
+
+def test_the_packaged_demo_without_horovod_says_how_to_install_it_or_where_the_ddp_route_is():
+    """In a torch-only environment it ended in a bare ``ModuleNotFoundError: No module named 'horovod'``."""
+    import os
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo / "tests" / "no_horovod"), str(repo)]))
+    result = subprocess.run([sys.executable, "-m", "horovod_accordion.examples.demo", "--epochs", "1"], env=env,
+                            cwd=repo, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    for words in ("trains with Horovod", "python -m horovod_accordion.tools.install_horovod",
+                  "docs/getting-started/ddp.md"):
+        assert words in result.stderr, (words, result.stderr)

@@ -8,7 +8,9 @@ It needs only the wheel's ``torch`` or ``tensorflow`` extra and the patched Horo
 full-size versions, with every compression and the comparison runs.
 """
 import argparse
+import importlib
 import os
+import sys
 
 from horovod_accordion.examples.data import CLASSES, FEATURES, synthetic_shards
 
@@ -113,7 +115,22 @@ def main():
                         help="windows (here, epochs) between two checks of the gradient norms "
                              "(the paper's 10 suits 300-epoch runs)")
     args = parser.parse_args()
+    require_horovod(args.framework)
     (train_torch if args.framework == "torch" else train_tensorflow)(args)
+
+
+def require_horovod(framework):
+    """Exit with what to do where Horovod is missing: a torch-only environment (the DDP and FSDP
+    route) has none, and a bare ``ModuleNotFoundError`` names neither the installer nor that route."""
+    try:
+        importlib.import_module("horovod.torch" if framework == "torch" else "horovod.tensorflow")
+    except ImportError as missing:
+        sys.exit(f"this demo trains with Horovod, which this environment cannot import ({missing}).\n"
+                 f"Build and install the patched Horovod with `python -m horovod_accordion.tools.install_horovod` "
+                 f"(docs/getting-started/install.md), then launch `horovodrun -np 2 python -m "
+                 f"horovod_accordion.examples.demo`.\n"
+                 f"Without Horovod, torch's DDP and FSDP2 run Accordion as a communication hook: "
+                 f"docs/getting-started/ddp.md and docs/getting-started/fsdp.md.")
 
 
 if __name__ == "__main__":
