@@ -13,6 +13,7 @@ import importlib
 import json
 import sys
 
+from horovod_accordion import __version__
 from horovod_accordion.advise.hsdp import hsdp_layout, predict_hsdp
 from horovod_accordion.advise.predict import low_fraction_from_study, predict, unreliable_times
 from horovod_accordion.advise.report import plot, table, trust_warning, verdicts
@@ -211,7 +212,8 @@ def main(argv=None):
                     + trust_warning(unreliable_times(profile, names, layout, args.workers))))
     written = plot(results, args.workers, links, names, args.png)
     print(f"wrote {written}" if written else
-          "no picture: matplotlib is not installed; pip install 'horovod_accordion[plot]' to draw it")
+          f"no picture: matplotlib is not installed; pip install matplotlib (or the wheel's plot extra, "
+          f"pip install 'horovod_accordion-{__version__}-py3-none-any.whl[plot]') to draw it")
 
 
 if __name__ == "__main__":

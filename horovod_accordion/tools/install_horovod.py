@@ -33,6 +33,8 @@ import sys
 import tarfile
 import tempfile
 
+from horovod_accordion import __version__
+
 PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
 # The names `horovodrun --check-build` prints.
 FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
@@ -66,8 +68,9 @@ def describe_build(gpu_operations):
     frameworks = {name: version for name, dists in FRAMEWORK_DISTRIBUTIONS.items()
                   if (version := installed_version(dists)) is not None}
     if not frameworks:
-        fail("neither torch nor tensorflow is installed here: install horovod_accordion[torch] or "
-             "horovod_accordion[tensorflow] first, then run this again")
+        fail(f"neither torch nor tensorflow is installed here: install the wheel with its torch or tensorflow extra "
+             f"first (pip install 'horovod_accordion-{__version__}-py3-none-any.whl[torch]', see "
+             f"docs/getting-started/install.md), then run this again")
     mpi = shutil.which("mpicc") is not None
     return {
         "horovod": patches["horovod"],
