@@ -231,3 +231,103 @@ def test_the_hsdp_validation_json_is_what_its_script_writes_and_the_cli_predicts
     for name in ("none", "powersgd:1"):
         predicted_ms = committed["rows"][name]["predicted_s"]["100mbit"] * 1e3
         assert re.search(rf"^\s+2\s+{name}\s+{predicted_ms:.0f}\.\d", cli.stdout, re.M), (name, predicted_ms, cli.stdout)
+
+
+# --- Offline reuse, the flags' errors and defaults (issue 43) ---------------------------------
+
+
+def tiny_model():
+    """A factory for ``--model tests.test_advise:tiny_model``: profiles in a second."""
+    import torch
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def test_the_committed_profile_has_the_same_exchange_on_every_world_size_except_topks():
+    """The premise of reusing a profile on another world size: every exchange but TopK's sends the
+    same collectives and bytes on every world size above 1."""
+    from horovod_accordion.advise.predict import same_at_every_world_size
+    for variant, layouts in json.loads(PROFILE.read_text())["exchanges"].items():
+        for layout, sizes in layouts.items():
+            wires = {json.dumps({key: ([s["collectives"] for b in exchange["buckets"] for s in b["segments"]],
+                                       exchange["step_bytes"], exchange["check_collectives"])
+                                 for key, exchange in levels.items()}) for w, levels in sizes.items() if int(w) > 1}
+            assert (len(wires) == 1) == same_at_every_world_size(variant), (variant, layout)
+
+
+def test_a_saved_profile_predicts_a_world_size_it_lacks_where_the_exchange_does_not_depend_on_it(tmp_path):
+    profile = json.loads(PROFILE.read_text())
+    assert "32" not in profile["exchanges"]["powersgd:2"]["ddp"]
+    at_32 = predict(profile, "powersgd:2", "ddp", 32, SLOW)
+    # By construction the same exchange as on 16 workers, whose wire time alone is the world's.
+    profile["exchanges"]["powersgd:2"]["ddp"]["32"] = profile["exchanges"]["powersgd:2"]["ddp"]["16"]
+    assert at_32 == predict(profile, "powersgd:2", "ddp", 32, SLOW)
+    result = _advise("--workers", "32", "--link", "1gbit", "--layout", "ddp", "--compressions",
+                     "none,fp16,powersgd:2,accordion:powersgd:2/1", "--png", str(tmp_path / "a.png"))
+    assert result.returncode == 0, result.stderr
+    assert "32 workers, 1gbit:" in result.stdout
+
+
+def test_what_a_saved_profile_cannot_serve_ends_in_the_exact_command_to_profile_again(tmp_path):
+    """It ended in a dump of nested dicts that named no flag."""
+    for argv, why in ((["--workers", "32"], "TopK's exchange depends on the world size"),
+                      (["--workers", "2", "--layout", "hsdp", "--shards", "4"], "profiled in the ddp, horovod layout")):
+        result = _advise(*argv, "--link", "1gbit", "--png", str(tmp_path / "a.png"))
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert why in result.stderr and "{'" not in result.stderr, result.stderr
+        command = shlex.split(result.stderr.strip().splitlines()[-1])
+        assert command[:5] == ["python", "-m", "horovod_accordion.advise", "--model", "resnet18-cifar"], command
+        flags = dict(zip(command[3::2], command[4::2]))
+        assert flags["--workers"] == argv[1] and flags["--save-profile"] == str(PROFILE), flags
+        assert flags["--threads"] == "1" and flags["--batch"] == "16" and flags["--input-shape"] == "3,32,32"
+        assert "topk:0.01" in flags["--compressions"] and "powersgd:2" in flags["--compressions"], flags
+        if "--layout" in argv:
+            assert flags["--layout"] == "hsdp" and flags["--shards"] == "4", flags
+
+
+def test_hsdp_without_shards_is_an_error_that_names_the_flag(tmp_path):
+    """It used 8 shards without a word."""
+    result = _advise("--layout", "hsdp", "--workers", "2", "--png", str(tmp_path / "a.png"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "error: argument --shards: --layout hsdp needs it" in result.stderr
+
+
+def test_help_shows_the_defaults_and_the_hsdp_example_as_one_command():
+    result = subprocess.run([sys.executable, "-m", "horovod_accordion.advise", "--help"], capture_output=True,
+                            text=True, cwd=REPO, timeout=60)
+    text = " ".join(result.stdout.split())
+    for default in ("(default: 8,64,256)", "(default: 1)", "(default: horovod)", "(default: 400gbit)"):
+        assert default in text, default
+    example = [line for line in result.stdout.splitlines() if "--layout hsdp --shards 8" in line]
+    assert example and example[0].rstrip().endswith("\\"), example
+
+
+def test_a_profile_is_taken_single_threaded_unless_told(tmp_path):
+    """torch's default, a thread per core, spreads the timings on a machine that other work shares."""
+    saved = {}
+    for threads in (None, "2"):
+        path = tmp_path / f"profile-{threads}.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "horovod_accordion.advise", "--model", "tests.test_advise:tiny_model",
+             "--input-shape", "4", "--batch", "2", "--repeats", "1", "--compressions", "none", "--workers", "2",
+             "--link", "1gbit", "--save-profile", str(path), "--png", str(tmp_path / "a.png"),
+             *(["--threads", threads] if threads else [])], capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert result.returncode == 0, result.stderr
+        saved[threads] = json.loads(path.read_text())["threads"]
+    assert saved == {None: 1, "2": 2}
+
+
+def test_the_unreliable_warning_comes_before_the_verdicts_and_is_on_the_picture(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+    drawn = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (drawn.extend(t.get_text() for t in figure.texts),
+                                                                    savefig(figure, *a, **k)))
+    profile = json.loads(PROFILE.read_text())
+    profile["compute"]["backward_s"][-1] = 3 * min(profile["compute"]["backward_s"])
+    busy = tmp_path / "busy_profile.json"
+    busy.write_text(json.dumps(profile))
+    advise(["--profile", str(busy), "--workers", "4,16", "--link", "10gbit", "--png", str(tmp_path / "a.png")])
+    out = capsys.readouterr().out
+    assert out.index("UNRELIABLE PROFILE") < out.index("4 workers, 10gbit:"), out
+    assert any("UNRELIABLE PROFILE" in text and "backward 3.0×" in text for text in drawn), drawn

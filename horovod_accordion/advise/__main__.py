@@ -4,23 +4,33 @@
     python -m horovod_accordion.advise --profile my_profile.json \\
         --workers 4,16,64 --link 10gbit,100gbit          # offline, from a profile saved with --save-profile
     python -m horovod_accordion.advise --model mypackage.models:make_model --input-shape 3,224,224 --batch 32
-    python -m horovod_accordion.advise --model resnet18-cifar --layout hsdp --shards 8 --fast-link 400gbit \
+    python -m horovod_accordion.advise --model resnet18-cifar --layout hsdp --shards 8 --fast-link 400gbit \\
         --workers 2,4 --link 25gbit                  # FSDP2 hybrid sharding: the workers are replicas
 """
 
 import argparse
 import importlib
 import json
+import shlex
 import sys
 
 from horovod_accordion import __version__
 from horovod_accordion.advise.hsdp import hsdp_layout, predict_hsdp
-from horovod_accordion.advise.predict import low_fraction_from_study, predict, unreliable_times
+from horovod_accordion.advise.predict import MissingExchange, low_fraction_from_study, predict, unreliable_times
 from horovod_accordion.advise.report import plot, table, trust_warning, verdicts
 from horovod_accordion.advise.variants import LAYOUTS, parse_variant
 from horovod_accordion.advise.wire import parse_link
 
 DEFAULT_COMPRESSIONS = "none,fp16,powersgd:1,powersgd:4,topk:0.01,accordion:powersgd:4/1"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The examples above as written, and each option's default where it has one."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default == [] or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _integers(what, example):
@@ -46,6 +56,11 @@ def _positive(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"a positive integer, got {text!r}")
     return value
+
+
+def _threads(text):
+    """An argparse type: a positive number of threads, or 0 for torch's own choice."""
+    return 0 if text.strip() == "0" else _positive(text)
 
 
 def _compressions(text):
@@ -129,7 +144,7 @@ def _profile(parser, args, variants, workers, layouts):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m horovod_accordion.advise", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="resnet18-cifar, or a factory module:function (with --input-shape, --batch)")
     source.add_argument("--profile", help="predict offline from this saved JSON profile")
@@ -137,14 +152,17 @@ def main(argv=None):
                         help="one sample's shape, e.g. 3,32,32")
     parser.add_argument("--batch", type=_positive, help="batch per worker")
     parser.add_argument("--device", default="cpu", help="where to profile: cpu or cuda")
-    parser.add_argument("--threads", type=_positive, help="torch threads while profiling (default: torch's)")
+    parser.add_argument("--threads", type=_threads, default=1,
+                        help="torch threads while profiling; 0: torch's own (a thread per core), whose timings "
+                             "spread on a machine that other work shares")
     parser.add_argument("--repeats", type=_positive, default=5, help="timed repeats of everything measured")
     parser.add_argument("--save-profile", help="write the measured profile here")
     parser.add_argument("--profile-workers", type=_integers("world sizes", "2,8"), default=[],
                         help="more world sizes to record in a saved profile")
     parser.add_argument("--compressions", type=_compressions, default=DEFAULT_COMPRESSIONS,
                         help="none, fp16, powersgd:R, topk:F, accordion:powersgd:LOW/HIGH, accordion:topk:LOW/HIGH")
-    parser.add_argument("--workers", type=_integers("world sizes", "4,16,64"), default=[8, 64, 256])
+    parser.add_argument("--workers", type=_integers("world sizes", "4,16,64"), default="8,64,256",
+                        help="the world sizes to predict (hsdp: replicas)")
     parser.add_argument("--link", type=_links, default="10gbit,25gbit,100gbit,400gbit",
                         help="per-rank link rates, e.g. 10gbit,100mbit")
     parser.add_argument("--latency-us", type=float, default=5.0, help="latency per hop (α), microseconds")
@@ -156,7 +174,8 @@ def main(argv=None):
     parser.add_argument("--layout", choices=LAYOUTS + ("hsdp",), default="horovod",
                         help="our Horovod optimizer's buckets, DDP's (our DDP hook), or FSDP2's hybrid sharding "
                              "(horovod_accordion.fsdp: --workers are then replicas, of --shards ranks each)")
-    parser.add_argument("--shards", type=_positive, default=8, help="hsdp: the ranks of a replica (a node's GPUs)")
+    parser.add_argument("--shards", type=_positive,
+                        help="with --layout hsdp, required: the ranks of a replica (a node's GPUs, e.g. 8)")
     parser.add_argument("--fast-link", type=_link, default="400gbit",
                         help="hsdp: the link inside a replica, for FSDP's all-gathers and reduce-scatters")
     parser.add_argument("--low-fraction", type=_low_fraction, default="0.5",
@@ -164,6 +183,11 @@ def main(argv=None):
     parser.add_argument("--check-every", type=_positive, default=1, help="steps per Accordion check (window_steps·interval)")
     parser.add_argument("--png", default="advise.png", help="where to write the speedup plot")
     args = parser.parse_args(argv)
+    if args.layout == "hsdp" and args.shards is None:
+        parser.error("argument --shards: --layout hsdp needs it: the ranks of one replica (a node's GPUs, "
+                     "e.g. --shards 8)")
+    if args.layout != "hsdp" and args.shards is not None:
+        parser.error(f"argument --shards: it is for --layout hsdp, not --layout {args.layout}")
 
     variants = args.compressions
     names = [v.name for v in variants]
@@ -198,22 +222,44 @@ def main(argv=None):
                         profile, variant.name, args.shards, w, fast_link, link, fraction, args.check_every) \
                         if args.layout == "hsdp" else predict(
                         profile, variant.name, layout, w, link, args.algorithm, fraction, args.check_every)
-                except KeyError as error:
-                    raise SystemExit(error.args[0]) from None
+                except MissingExchange as missing:
+                    raise SystemExit(_profile_again(missing, profile, args)) from None
     arrangement = f"hybrid sharding, {args.shards} shards per replica on {fast_link.name}, the workers are " \
         f"replicas, each link shared by {shared_by}; ring collectives, one unit per layer" \
         if args.layout == "hsdp" else f"{args.algorithm} collectives, {args.layout} buckets"
     print(f"{profile.get('model')} on {profile.get('device')} ({profile.get('threads')} threads), batch "
           f"{profile.get('batch')} per worker; {arrangement}; milliseconds per step, the range from the profile's "
           f"spread")
+    warning = trust_warning(unreliable_times(profile, names, layout, args.workers))
+    if warning:
+        print("\n".join(warning) + "\n")  # before any verdict, which it puts in doubt
     print(table(results, args.workers, links, names))
     print()
-    print("\n".join(verdicts(results, args.workers, links, names)
-                    + trust_warning(unreliable_times(profile, names, layout, args.workers))))
-    written = plot(results, args.workers, links, names, args.png)
+    print("\n".join(verdicts(results, args.workers, links, names)))
+    written = plot(results, args.workers, links, names, args.png, warning=warning)
     print(f"wrote {written}" if written else
           f"no picture: matplotlib is not installed; pip install matplotlib (or the wheel's plot extra, "
           f"pip install 'horovod_accordion-{__version__}-py3-none-any.whl[plot]') to draw it")
+
+
+def _profile_again(missing, profile, args):
+    """What ``missing`` lacks, and the command that profiles it with the saved profile's model,
+    batch, device and threads, keeping the compressions and world sizes it has, into the same file."""
+    profiled = {int(w) for layouts in profile["exchanges"].values() for sizes in layouts.values() for w in sizes}
+    command = ["python", "-m", "horovod_accordion.advise", "--model", str(profile.get("model")),
+               "--input-shape", ",".join(map(str, profile.get("input_shape", []))), "--batch", str(profile.get("batch")),
+               "--device", "cpu" if profile.get("device") == "cpu" else "cuda",
+               "--threads", str(profile.get("threads", 1)), "--repeats", str(profile.get("repeats", 5)),
+               "--compressions", ",".join(dict.fromkeys([v.name for v in args.compressions] + list(profile["exchanges"]))),
+               "--workers", ",".join(map(str, args.workers)),
+               *(["--profile-workers", ",".join(map(str, sorted(profiled - set(args.workers))))]
+                 if profiled - set(args.workers) else []),
+               *(["--layout", "hsdp", "--shards", str(args.shards)] if args.layout == "hsdp" else []),
+               "--save-profile", args.profile]
+    return (f"{missing.args[0]}.\nProfile again, on the machine the profile was taken on (this rewrites "
+            f"{args.profile} with the compressions and world sizes it has and those missing), then run your "
+            f"command again:\n"
+            f"  {shlex.join(command)}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,12 @@ import json
 import statistics
 
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
+from horovod_accordion.advise.variants import parse_variant
+from horovod_accordion.core.compression import TopK
 from horovod_accordion.advise.wire import collective_seconds
 
-__all__ = ["STATISTICS", "SPREAD_LIMIT", "exchange_of", "predict", "low_fraction_from_study", "step_of", "unreliable_times"]
+__all__ = ["STATISTICS", "SPREAD_LIMIT", "MissingExchange", "exchange_of", "predict", "low_fraction_from_study",
+           "same_at_every_world_size", "step_of", "unreliable_times"]
 
 STATISTICS = {"fastest": min, "median": statistics.median, "slowest": max}
 # A profiled time whose slowest repeat took more than this many times its fastest was measured on
@@ -22,15 +25,53 @@ SPREAD_LIMIT = 2.0
 SHARE_THAT_MATTERS = 0.05
 
 
+class MissingExchange(KeyError):
+    """The profile has no exchange of ``variant`` in ``layout`` on ``workers``, and none it can be
+    derived from; ``why`` says what it has and why that does not serve."""
+
+    def __init__(self, variant, layout, workers, why):
+        super().__init__(f"the profile has no exchange of {variant!r} in the {layout} layout on {workers} workers: "
+                         f"{why}")
+        self.variant, self.layout, self.workers, self.why = variant, layout, workers, why
+
+
 def exchange_of(profile, variant, layout, workers):
-    """The profiled exchange of ``variant`` in ``layout`` on ``workers``: ``{level key: exchange}``."""
+    """The profiled exchange of ``variant`` in ``layout`` on ``workers``: ``{level key: exchange}``.
+    One profiled on another world size serves where the exchange does not depend on it (see
+    ``same_at_every_world_size``); else a ``MissingExchange``."""
+    layouts = profile["exchanges"].get(variant, {})
+    sizes = layouts.get(layout, {})
+    if str(workers) in sizes:
+        return sizes[str(workers)]
+    reusable = sorted((int(w) for w in sizes if int(w) > 1), key=lambda w: abs(w - workers))
+    if reusable and workers > 1 and same_at_every_world_size(variant):
+        return sizes[str(reusable[0])]
+    raise MissingExchange(variant, layout, workers, _why_not_profiled(variant, layouts, layout, workers))
+
+
+def same_at_every_world_size(variant):
+    """Whether ``variant``'s exchange, as profiled, is the same on every world size above 1: its
+    collectives are allreduces of the same tensors (dense casts, PowerSGD's P and Q, the check's
+    norms), so its bytes and maths are too, and only the wire time depends on the world, which the
+    prediction computes. TopK's is not: whether its wire is sparse depends on the world size, and
+    its decompression sums one row per rank. One worker skips a dense allreduce."""
     try:
-        return profile["exchanges"][variant][layout][str(workers)]
-    except KeyError:
-        profiled = {name: {lay: sorted(map(int, ws)) for lay, ws in layouts.items()}
-                    for name, layouts in profile["exchanges"].items()}
-        raise KeyError(f"the profile has no exchange of {variant!r} in the {layout} layout on {workers} workers: "
-                       f"it has {profiled}; profile again with this compression and --workers") from None
+        return not isinstance(parse_variant(variant).compression, TopK)
+    except ValueError:
+        return False
+
+
+def _why_not_profiled(variant, layouts, layout, workers):
+    if not layouts:
+        return "it was not profiled with this compression"
+    if layout not in layouts:
+        return (f"it was profiled in the {', '.join(sorted(layouts))} layout(s) only, and a layout's buckets "
+                f"(hybrid sharding's shard shapes) set the maths the profile timed")
+    sizes = ", ".join(map(str, sorted(map(int, layouts[layout]))))
+    if workers == 1 or same_at_every_world_size(variant):
+        return f"it was profiled on {sizes} workers, and one worker exchanges otherwise (a dense one not at all)"
+    return (f"it was profiled on {sizes} workers, and TopK's exchange depends on the world size (whether its "
+            f"wire is sparse, and a decompression that sums one row per rank)")
 
 
 def step_of(profile, exchange, statistic):

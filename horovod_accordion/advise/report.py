@@ -1,6 +1,8 @@
 """The advisor's output: a table per link, a one-line verdict per setting, a warning when the
 profile's repeats spread too far to be trusted, and one PNG."""
 
+import textwrap
+
 from horovod_accordion.advise.predict import SPREAD_LIMIT
 
 __all__ = ["table", "verdicts", "trust_warning", "plot"]
@@ -68,10 +70,12 @@ def trust_warning(unreliable):
             "(--repeats 20)."]
 
 
-def plot(results, workers, links, variants, path):
+def plot(results, workers, links, variants, path, warning=()):
     """Speedup against ``none`` per world size: one line per compression, one panel per link;
     the band is the range from the measurement's spread, and the region where compression pays
-    (a speedup above 1) is shaded. Returns ``path``, or None where matplotlib is not installed."""
+    (a speedup above 1) is shaded. ``warning``: ``trust_warning``'s lines, written above the
+    panels, since the picture travels without the text. Returns ``path``, or None where
+    matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
@@ -112,6 +116,9 @@ def plot(results, workers, links, variants, path):
     axes[0][0].set_ylabel("predicted speedup over none")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     figure.tight_layout()
+    if warning:
+        figure.text(0.01, 1.0, "\n".join(textwrap.wrap(" ".join(warning), 40 * len(links) + 60)), ha="left",
+                    va="bottom", fontsize=8, color="darkred", weight="bold")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path
