@@ -142,7 +142,7 @@ def test_without_matplotlib_the_table_is_printed_and_the_picture_explained(tmp_p
     assert result.returncode == 0, result.stderr
     assert "16 workers, 1gbit:" in result.stdout and "fastest" in result.stdout
     assert "pip install matplotlib" in result.stdout
-    assert re.search(r"pip install 'horovod_accordion-[\d.]+-py3-none-any\.whl\[plot\]'", result.stdout), result.stdout
+    assert re.search(r"pip install 'horovod_accordion-<version>-py3-none-any\.whl\[plot\]'", result.stdout), result.stdout
     assert not png.exists()
 
 

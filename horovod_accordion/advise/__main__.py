@@ -14,7 +14,6 @@ import json
 import shlex
 import sys
 
-from horovod_accordion import __version__
 from horovod_accordion.advise.hsdp import hsdp_layout, predict_hsdp
 from horovod_accordion.advise.predict import MissingExchange, low_fraction_from_study, predict, unreliable_times
 from horovod_accordion.advise.report import plot, table, trust_warning, verdicts
@@ -238,8 +237,8 @@ def main(argv=None):
     print("\n".join(verdicts(results, args.workers, links, names)))
     written = plot(results, args.workers, links, names, args.png, warning=warning)
     print(f"wrote {written}" if written else
-          f"no picture: matplotlib is not installed; pip install matplotlib (or the wheel's plot extra, "
-          f"pip install 'horovod_accordion-{__version__}-py3-none-any.whl[plot]') to draw it")
+          "no picture: matplotlib is not installed; pip install matplotlib (or the wheel file's plot extra, "
+          "pip install 'horovod_accordion-<version>-py3-none-any.whl[plot]') to draw it")
 
 
 def _profile_again(missing, profile, args):

@@ -33,8 +33,6 @@ import sys
 import tarfile
 import tempfile
 
-from horovod_accordion import __version__
-
 PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
 # The names `horovodrun --check-build` prints.
 FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
@@ -68,9 +66,9 @@ def describe_build(gpu_operations):
     frameworks = {name: version for name, dists in FRAMEWORK_DISTRIBUTIONS.items()
                   if (version := installed_version(dists)) is not None}
     if not frameworks:
-        fail(f"neither torch nor tensorflow is installed here: install the wheel with its torch or tensorflow extra "
-             f"first (pip install 'horovod_accordion-{__version__}-py3-none-any.whl[torch]', see "
-             f"docs/getting-started/install.md), then run this again")
+        fail("neither torch nor tensorflow is installed here: install the wheel file with its torch or tensorflow "
+             "extra first (pip install 'horovod_accordion-<version>-py3-none-any.whl[torch]', see "
+             "docs/getting-started/install.md), then run this again")
     mpi = shutil.which("mpicc") is not None
     return {
         "horovod": patches["horovod"],
