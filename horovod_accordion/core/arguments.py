@@ -113,7 +113,22 @@ def first_difference(reference, local, rank):
     position = next((k for k, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(ours), len(theirs)))
     return (f"rank {rank} registers its parameters differently from rank 0: at position {position}, "
             f"rank 0 has {_describe(theirs, position)} and rank {rank} has {_describe(ours, position)}. "
+            f"{_frozen_on_one_side(theirs, ours, rank)}"
             f"Build the model and the optimizer the same way on every rank (same parameter order).")
+
+
+def _frozen_on_one_side(theirs, ours, rank):
+    """Where one side lacks parameters the other has: most often frozen (``requires_grad=False``)
+    on some ranks only, since the exchange takes the trainable parameters."""
+    ours_names, theirs_names = {p[0] for p in ours}, {p[0] for p in theirs}
+    only = [(name, side) for names, other, side in ((theirs_names, ours_names, f"rank {rank}"),
+                                                     (ours_names, theirs_names, "rank 0"))
+            for name in sorted(names - other)]
+    if not only:
+        return ""
+    listed = ", ".join(f"{name!r} (not on {side})" for name, side in only[:5])
+    return (f"Parameters only one of them trains: {listed}; a parameter frozen (requires_grad=False) on some "
+            f"ranks only is left out of their exchange: freeze the same parameters on every rank. ")
 
 
 def _describe(signature, position):

@@ -214,7 +214,10 @@ class BucketedExchange:
                 tensors.zero(total)
         self.follow_schedule()
         if self.non_finite_counts is not None:
-            self._warn_non_finite(tensors.to_floats(tensors.read(self.non_finite_counts)))
+            if self.world is self.collectives:
+                self._warn_non_finite(tensors.to_floats(tensors.read(self.non_finite_counts)))
+            else:
+                self._warn_non_finite_shards()
             tensors.zero(self.non_finite_counts)
 
     def _sum_over_shards(self, table, name):
@@ -236,6 +239,21 @@ class BucketedExchange:
                 f"{accordion.step}: "
                 f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
                 f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
+
+    def _warn_non_finite_shards(self):
+        """Sharded, each rank counted its own shards, and one replica's overflow reaches some
+        shards only: rank 0 warns once for the world, with the counts summed over it."""
+        world = self.world
+        counts = world.start_allreduce_mean(self.tensors.copy(self.non_finite_counts), "non_finite").wait()
+        counts = [n * world.size() for n in self.tensors.to_floats(counts)]
+        accordion = self.accordion
+        layers = [f"{name!r} ({round(n)})" for name, n in zip(accordion.layer_names, counts) if round(n) > 0]
+        if layers and world.rank() == 0:
+            warnings.warn(
+                f"non-finite gradient shards in the window that ended at step {accordion.step}, by layer (shards × "
+                f"steps, over all ranks): {', '.join(layers)}. Each was averaged across its replicas as FSDP's own "
+                f"all-reduce would (a GradScaler skips those steps) and left out of the detector's Δ, so they switch "
+                f"no level.", RuntimeWarning)
 
     def verify_same_levels(self):
         """``verify_levels``: gather every rank's levels, step and window, and raise on every rank

@@ -31,17 +31,18 @@ def hook_loss_scale(grad_scaler=None):
 
 
 def build_exchange(names, params, compression, schedule_options, collectives, *, sharding=None, loss_scale=None,
-                   log=None, log_path=None, tensorboard_dir=None):
+                   log=None, log_path=None, tensorboard_dir=None, layer_shapes=None):
     """The ``(BucketedExchange, StepDriver)`` that averages ``params`` (named ``names``) over
     ``collectives`` with ``compression``, on the schedule of ``schedule_options`` (``Accordion``'s
     keywords, the policy built). ``sharding``: the ``backends.Sharding`` where ``params`` are
     shards; ``log``: a ``CommunicationLog`` to keep (a state bound again), else a new one on this
     rank. A collective over every rank (the sharding's world, or ``collectives``): each checks that
-    the others exchange the same tensors with the same compression and policy."""
+    the others exchange the same tensors with the same compression and policy; its errors name the
+    layers by ``layer_shapes`` (the whole layers', where ``params`` are shards), as users know them."""
     world = sharding.world if sharding is not None else collectives
     dtypes = [p.dtype for p in params]
     check_real_floating(names, dtypes, [p.is_floating_point() for p in params])
-    check_same_exchange_on_all_ranks(world, names, [p.shape for p in params], dtypes, compression,
+    check_same_exchange_on_all_ranks(world, names, layer_shapes or [p.shape for p in params], dtypes, compression,
                                      schedule_options["policy"])
     reducer, levels = make_reducer(compression, [p.shape for p in params], collectives.tensors, collectives,
                                    PlainCompressor)

@@ -77,7 +77,8 @@ class ShardLayout:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in named]
         layer_of = {p: layer for layer, (_, p) in enumerate(named)}
-        self.shapes: List[torch.Size] = [None] * len(named)
+        self.shapes: List[torch.Size] = [None] * len(named)  # each layer's padded shard's
+        self.layer_shapes = [tuple(p.shape) for _, p in named]  # the whole layers' (a DTensor's shape is global)
         self.shard_params = [None] * len(named)  # each layer's padded local shard, a view of FSDP's storage
         self.units: List[Unit] = []
         self._all_shards = []  # every parameter's local storage, frozen ones included

@@ -93,7 +93,7 @@ class AccordionState(HookStateViews):
             layout.names, layout.shard_params, compression, options,
             DistributedCollectives(tensors, layout.replicate_group),
             sharding=_Sharding(layout.shards, DistributedCollectives(tensors)), loss_scale=self._loss_scale,
-            log_path=log_path, tensorboard_dir=tensorboard_dir)
+            log_path=log_path, tensorboard_dir=tensorboard_dir, layer_shapes=layout.layer_shapes)
         accordion = self._exchange.accordion
         self._layout, self._optimizer = layout, optimizer
         self.iter = 0  # the steps averaged

@@ -611,3 +611,72 @@ def check_end_epoch_before_any_step_warns_as_on_ddp():
     state.end_epoch()
     assert state._exchange.accordion.detector.windows_seen == 1
     return messages[0]
+
+
+def check_grad_scaler_under_an_fp16_policy_skips_an_overflow_on_every_rank_and_rank_0_says_so():
+    """Issue 43: a ``GradScaler("cpu")`` given as ``grad_scaler=`` under an fp16
+    ``MixedPrecisionPolicy``. Rank 1 alone overflows at step 3: every rank skips that step (its
+    parameters stay as they were), every scaler halves its scale, the replicas stay alike, and the
+    overflow warning comes once, from rank 0, in FSDP's words."""
+    import warnings
+
+    model = sharded(make_model(), mesh()["shard"],
+                    mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    state = AccordionState(mesh(), PowerSGD(2, 1, min_compression_rate=0), model=model, optimizer=optimizer,
+                           grad_scaler=scaler, window_steps=2, interval=1)
+    overflow_at, scales, skipped = 3, [], None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            optimizer.zero_grad()
+            before = local_shards(model)
+            x, y = batch(step)
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+            if step == overflow_at and dist.get_rank() == 1:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            if step == overflow_at:
+                skipped = all(torch.equal(a, b) for a, b in zip(before, local_shards(model)))
+            scales.append(scaler.get_scale())
+    assert skipped, "the overflow step changed this rank's parameters"
+    assert scales == [2.0 ** 10] * overflow_at + [2.0 ** 9] * (6 - overflow_at), scales
+    assert all(s == scales for s in every_rank(scales))
+    shards = every_rank(local_shards(model))
+    for s in range(SHARDS):  # replica r's shard s is on rank r·SHARDS + s
+        assert all(torch.equal(a, b) for a, b in zip(shards[s], shards[SHARDS + s])), s
+    overflow = [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    if dist.get_rank() == 0:
+        assert len(overflow) == 1 and "FSDP's own all-reduce" in overflow[0] and "Horovod" not in overflow[0], overflow
+    else:
+        assert overflow == [], overflow
+    return {"scales": scales, "warning": overflow}
+
+
+def check_errors_say_frozen_and_name_the_layers_shapes():
+    """Issue 43: a parameter frozen on one rank only was reported as a mismatch of positions, and
+    under FSDP a layer's shape as its shard's."""
+    said = {}
+    for change, expected in (("freeze", "frozen (requires_grad=False) on some ranks only"),
+                             ("reshape", "(16, 12)")):
+        model = make_model()
+        if dist.get_rank() == 3:
+            if change == "freeze":
+                model[2].bias.requires_grad_(False)
+            else:
+                model[0] = torch.nn.Linear(12, 18)
+        model = sharded(model, mesh()["shard"])
+        try:
+            AccordionState(mesh(), PowerSGD(2, 1), model=model)
+        except ValueError as error:
+            said[change] = str(error)
+        else:
+            raise AssertionError(f"not refused: {change}")
+        if dist.get_rank() == 3:
+            assert expected in said[change], said[change]
+            if change == "reshape":
+                assert "(18, 12)" in said[change] and "(8, 12)" not in said[change], said[change]
+    return said
