@@ -19,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod_accordion.keras3 as hvd  # noqa: E402
 from example_data import digits_shards  # noqa: E402
+from horovod_accordion.examples.runs import announce  # noqa: E402
 from progress import epochs_bar, show  # noqa: E402
 
 COMPRESSIONS = {
@@ -35,17 +36,24 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--decay-epoch", type=int, default=8)
     parser.add_argument("--interval", type=int, default=2)
-    parser.add_argument("--compression", choices=sorted(COMPRESSIONS), default="accordion-topk")
+    parser.add_argument("--compression", nargs="+", choices=sorted(COMPRESSIONS), default=["accordion-topk"],
+                        help="one or more: each trains from the same start in turn, in this one launch")
     args = parser.parse_args()
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    for compression in args.compression:
+        train(args, compression)
+
+
+def train(args, compression):
+    announce(hvd.rank(), compression)
     keras.utils.set_random_seed(0)
     x_train, y_train, x_test, y_test = digits_shards(hvd.rank(), hvd.size())
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
                               keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
     optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
-                                         compression=COMPRESSIONS[args.compression], interval=args.interval)
+                                         compression=COMPRESSIONS[compression], interval=args.interval)
     # Horovod's collectives are not XLA ops: Keras 3 would otherwise compile with XLA.
     model.compile(optimizer=optimizer, metrics=["accuracy"], jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -57,7 +65,7 @@ def main():
             show(bar, logs["loss"], state.accordion_stats()["total_bytes_sent"], state.levels)
             if hvd.rank() == 0:
                 levels = "  ".join(f"{name.split('/')[-2]}={level:g}" for name, level in state.levels.items()) \
-                    or f"none ({args.compression} compresses no layer)"  # and biases are never compressed
+                    or f"none ({compression} compresses no layer)"  # and biases are never compressed
                 bar.write(f"[rank 0] epoch {epoch}: loss {logs['loss']:.4f}  level per layer: {levels}")
             bar.update()
 
@@ -72,7 +80,7 @@ def main():
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if hvd.rank() == 0:
         sent = optimizer.accordion_state.accordion_stats()["total_bytes_sent"]
-        print(f"[rank 0] test accuracy {accuracy:.3f}; bytes sent per rank {sent}", flush=True)
+        print(f"[rank 0] {compression}: test accuracy {accuracy:.3f}; bytes sent per rank {sent}", flush=True)
 
 
 if __name__ == "__main__":

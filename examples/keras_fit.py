@@ -20,6 +20,7 @@ import tf_keras  # noqa: E402
 
 import horovod_accordion.keras as hvd  # noqa: E402
 from example_data import digits_shards  # noqa: E402
+from horovod_accordion.examples.runs import announce  # noqa: E402
 from progress import epochs_bar, show  # noqa: E402
 
 COMPRESSIONS = {
@@ -36,12 +37,19 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--decay-epoch", type=int, default=8)
     parser.add_argument("--interval", type=int, default=2)
-    parser.add_argument("--compression", choices=sorted(COMPRESSIONS), default="accordion-topk")
+    parser.add_argument("--compression", nargs="+", choices=sorted(COMPRESSIONS), default=["accordion-topk"],
+                        help="one or more: each trains from the same start in turn, in this one launch")
     parser.add_argument("--batch-switch", type=int, metavar="M", help="switch the batch size, not the compression")
     args = parser.parse_args()
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    for compression in args.compression:
+        train(args, compression)
+
+
+def train(args, compression):
+    announce(hvd.rank(), compression)
     tf_keras.utils.set_random_seed(0)
     x_train, y_train, x_test, y_test = digits_shards(hvd.rank(), hvd.size())
     model = tf_keras.Sequential([tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),
@@ -49,7 +57,7 @@ def main():
     if args.batch_switch:
         accordion = dict(batch_switch=hvd.BatchSwitch(small_batch=args.batch_size, multiplier=args.batch_switch))
     else:
-        accordion = dict(compression=COMPRESSIONS[args.compression])
+        accordion = dict(compression=COMPRESSIONS[compression])
     optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
                                          interval=args.interval, **accordion)
     model.compile(optimizer=optimizer, metrics=["accuracy"],
@@ -85,7 +93,7 @@ def main():
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if hvd.rank() == 0:
         traffic = "" if state() is None else f"; bytes sent per rank {state().accordion_stats()['total_bytes_sent']}"
-        print(f"[rank 0] test accuracy {accuracy:.3f}{traffic}", flush=True)
+        print(f"[rank 0] {compression}: test accuracy {accuracy:.3f}{traffic}", flush=True)
 
 
 if __name__ == "__main__":

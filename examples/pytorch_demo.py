@@ -13,6 +13,7 @@ import torch
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.examples.ddp_loop import train_epoch
+from horovod_accordion.examples.runs import announce
 from example_data import digits_shards
 from progress import epochs_bar, show, write_checks
 
@@ -24,8 +25,8 @@ def parse_args():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--decay-epoch", type=int, default=10, help="the LR drops 10x here")
     parser.add_argument("--interval", type=int, default=2, help="epochs between Accordion checks")
-    parser.add_argument("--compression", choices=sorted(COMPRESSIONS),
-                        default="accordion")
+    parser.add_argument("--compression", nargs="+", choices=sorted(COMPRESSIONS), default=["accordion"],
+                        help="one or more: each trains from the same start in turn, in this one launch")
     parser.add_argument("--plain-horovod", action="store_true",
                         help="train with horovod.torch.DistributedOptimizer instead, for comparison")
     return parser.parse_args()
@@ -85,24 +86,30 @@ def main():
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    compression = COMPRESSIONS[args.compression]
+    for name in args.compression:
+        train_and_compare(args, name)
+
+
+def train_and_compare(args, name):
+    """Train with compression ``name``; for an adaptive one, with its static ℓ_low too."""
+    announce(hvd.rank(), name)
+    compression = COMPRESSIONS[name]
     accuracy, sent = train(args, compression, report=True)
     if sent is None:
         return
-    lines = [f"[rank 0] {args.compression}: test accuracy {accuracy:.3f}, {sent / 1e3:.1f} kB sent per rank"]
+    lines = [f"[rank 0] {name}: test accuracy {accuracy:.3f}, {sent / 1e3:.1f} kB sent per rank"]
     levels = getattr(compression, "levels", (None, None))
     if levels[0] != levels[1]:
         # The comparison Accordion is about: the same run at static ℓ_low, quietly, on every rank.
         static_low = type(compression)(levels[0])
         low_accuracy, low_sent = train(args, static_low, report=False)
-        name = f"rank {levels[0]}" if isinstance(static_low, hvd.Compression.powersgd) else f"TopK {levels[0]:g}"
-        lines += [f"[rank 0] static ℓ_low ({name}): test accuracy {low_accuracy:.3f}, {low_sent / 1e3:.1f} kB "
+        low_name = f"rank {levels[0]}" if isinstance(static_low, hvd.Compression.powersgd) else f"TopK {levels[0]:g}"
+        lines += [f"[rank 0] static ℓ_low ({low_name}): test accuracy {low_accuracy:.3f}, {low_sent / 1e3:.1f} kB "
                   f"sent per rank",
-                  f"[rank 0] {args.compression} sent {sent / low_sent:.2f}x the bytes of static ℓ_low, at "
+                  f"[rank 0] {name} sent {sent / low_sent:.2f}x the bytes of static ℓ_low, at "
                   f"{100 * (accuracy - low_accuracy):+.1f} points of accuracy"]
     if hvd.rank() == 0:
         print("\n".join(lines), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,9 @@
 """Real multi-process tests: ``horovodrun -np N`` launches, each with a timeout.
 
 One launch runs all checks of a worker module (see ``tests/workers/runner.py``), since a
-launch costs about 10 s before any code runs. Results are cached per (module,
-controller) for the session, and each check is reported as its own test.
+launch costs seconds before any code runs (the summary at the end of the run says how many,
+per launch). Results are cached per (module, controller) for the session, and each check is
+reported as its own test.
 """
 import ast
 import json
@@ -12,18 +13,22 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# Each worker launch of the session: (module, controller, processes, start-up s, checks s, wall s).
+LAUNCH_TIMES = []
 WORKERS = REPO / "tests" / "workers"
 CONTROLLERS = ["gloo", "mpi"]
 
 
-def check_names(module_name):
-    """The ``check_*`` functions of a worker module, read without importing it."""
-    tree = ast.parse((WORKERS / f"{module_name}.py").read_text())
-    return sorted(node.name for node in tree.body
+def check_names(module_names):
+    """The ``check_*`` functions of a worker module (or of ``a+b``, modules that share a launch),
+    read without importing it."""
+    return sorted(node.name for name in module_names.split("+")
+                  for node in ast.parse((WORKERS / f"{name}.py").read_text()).body
                   if isinstance(node, ast.FunctionDef) and node.name.startswith("check_"))
 
 
@@ -38,6 +43,8 @@ def worker_env(extra=None):
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "HOROVOD_ACCORDION_VERIFY_LEVELS": "1",  # every check of every test compares the ranks' levels
+        # Horovod's 1 ms default cycle dominates the tiny steps of the checks and examples.
+        "HOROVOD_CYCLE_TIME": "0.2",
     })
     env.update(extra or {})
     return env
@@ -59,8 +66,9 @@ def run_workers(module_name, out_dir, np=2, controller="gloo", timeout=300, env=
     else:
         horovodrun = pathlib.Path(sys.executable).parent / "horovodrun"
         command = [str(horovodrun), "-np", str(np), f"--{controller}", sys.executable, *runner]
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    launched = time.time()
+    process = subprocess.Popen(command, cwd=REPO, env=worker_env(dict(env or {}, ACCORDION_LAUNCHED_AT=str(launched))),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
         timed_out = False
@@ -68,11 +76,27 @@ def run_workers(module_name, out_dir, np=2, controller="gloo", timeout=300, env=
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         timed_out = True
+    wall = time.time() - launched
     results = {}
     for rank in range(np):
         path = pathlib.Path(out_dir) / f"rank{rank}.json"
         results[rank] = json.loads(path.read_text()) if path.exists() else {}
+    startup = max((r.pop("_startup_s") for r in results.values() if "_startup_s" in r), default=None)
+    checks = max((sum(c["seconds"] for c in r.values()) for r in results.values()), default=0.0)
+    LAUNCH_TIMES.append((module_name, controller, np, startup, checks, wall))
     return Launch(results, output, timed_out, process.returncode, timeout)
+
+
+def runs_by_compression(output, names):
+    """One launch's output cut at rank 0's ``training with <name>`` lines (in ``names``' order):
+    ``{name: that run's part}``, for an example that trains several compressions in turn. Rank
+    0's lines of a run are all in its part; another rank's may reach into the next."""
+    starts = []
+    for name in names:
+        marker = f"[rank 0] training with {name}\n"
+        assert marker in output[starts[-1] if starts else 0:], f"no run of {name}:\n" + output[-4000:]
+        starts.append(output.index(marker, starts[-1] if starts else 0))
+    return {name: output[start:end] for name, start, end in zip(names, starts, starts[1:] + [len(output)])}
 
 
 def free_port():
@@ -115,3 +139,18 @@ def launches(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each worker launch's start-up (launcher, imports, init: until its first check began) apart
+    from its checks, slowest first."""
+    if not LAUNCH_TIMES:
+        return
+    terminalreporter.section("worker launches: start-up and checks (s)")
+    for module, controller, np, startup, checks, wall in sorted(LAUNCH_TIMES, key=lambda t: -t[5]):
+        started = "?" if startup is None else f"{startup:6.1f}"
+        terminalreporter.write_line(f"{wall:7.1f} wall  {started} start-up  {checks:7.1f} checks  "
+                                    f"{module} ({controller}, {np} processes)")
+    total_startup = sum(t[3] or 0 for t in LAUNCH_TIMES)
+    terminalreporter.write_line(f"{len(LAUNCH_TIMES)} launches: {sum(t[5] for t in LAUNCH_TIMES):.0f} s wall, "
+                                f"{total_startup:.0f} s of it start-up")

@@ -1,4 +1,6 @@
-"""The examples run as users run them: ``horovodrun -np 2 --gloo python examples/...``."""
+"""The examples run as users run them: ``horovodrun -np 2 --gloo python examples/...``. An
+example trains every compression it is given in turn, so each sweep is one launch, and each
+compression's checks read its own run's part of the output."""
 import math
 import pathlib
 import re
@@ -7,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, free_port, worker_env
+from tests.conftest import REPO, free_port, runs_by_compression, worker_env
 
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
@@ -26,11 +28,26 @@ def run_example(script, *args, timeout=300, launcher="horovodrun", env=None, pro
     return result.stdout
 
 
+def launched_once(script, compressions, *args, **options):
+    """A module-scoped fixture: ``script`` trains ``compressions`` in turn in one launch; each
+    compression's part of the output."""
+    @pytest.fixture(scope="module")
+    def runs():
+        return runs_by_compression(run_example(script, *args, "--compression", *compressions, **options), compressions)
+    return runs
+
+
+pytorch_demo = launched_once("pytorch_demo.py", ["accordion", "none", "fp16", "rank1", "topk", "accordion-topk"],
+                             "--epochs", "4", "--interval", "2", "--decay-epoch", "3")
+
+
 @pytest.mark.multiworker
-def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels():
-    output = run_example("pytorch_demo.py", "--epochs", "4", "--interval", "2", "--decay-epoch", "3")
+def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels(pytorch_demo):
+    output = pytorch_demo["accordion"]
+    whole = "".join(pytorch_demo.values())
     for rank in (0, 1):
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        # A rank's lines are in order: its first 4 epochs are the accordion run's.
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:4]
         assert len(losses) == 4 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert "LR decay to" in output, output
@@ -42,8 +59,8 @@ def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels():
 
 @pytest.mark.multiworker
 @pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "topk", "accordion-topk"])
-def test_pytorch_demo_with_every_compression(compression):
-    output = run_example("pytorch_demo.py", "--epochs", "3", "--compression", compression)
+def test_pytorch_demo_with_every_compression(pytorch_demo, compression):
+    output = pytorch_demo[compression]
     assert f"{compression}: test accuracy" in output, output
     assert ("static ℓ_low (TopK 0.99)" in output) == (compression == "accordion-topk"), output
 
@@ -55,16 +72,19 @@ def test_batch_switch_example_reports_traffic():
     assert "'mode': 'accordion'" in output, output
 
 
+keras_fit = launched_once("keras_fit.py", ["accordion-topk", "none", "fp16", "rank1", "accordion"], "--epochs", "3")
+
+
 @pytest.mark.multiworker
-def test_keras_fit_example():
-    output = run_example("keras_fit.py", "--epochs", "3")
+def test_keras_fit_example(keras_fit):
+    output = keras_fit["accordion-topk"]
     assert output.count("level per layer: dense=") == 3 and "test accuracy" in output, output
 
 
 @pytest.mark.multiworker
 @pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "accordion"])
-def test_keras_fit_example_with_every_compression(compression):
-    output = run_example("keras_fit.py", "--epochs", "3", "--compression", compression)
+def test_keras_fit_example_with_every_compression(keras_fit, compression):
+    output = keras_fit[compression]
     assert "test accuracy" in output, output
     assert ("level per layer" in output) == (compression not in ("none", "fp16")), output
 
@@ -75,11 +95,14 @@ def test_keras_fit_example_with_batch_switching():
     assert output.count("micro-batches per step") == 3 and "test accuracy" in output, output
 
 
+KERAS3_COMPRESSIONS = ["accordion-topk", "accordion", "none", "fp16", "rank1", "topk"]
+keras3_fit = launched_once("keras3_fit.py", KERAS3_COMPRESSIONS, "--epochs", "3", env={"TF_USE_LEGACY_KERAS": ""})
+
+
 @pytest.mark.multiworker
-@pytest.mark.parametrize("compression", ["accordion-topk", "accordion", "none", "fp16", "rank1", "topk"])
-def test_keras3_fit_example_with_every_compression(compression):
-    output = run_example("keras3_fit.py", "--epochs", "3", "--compression", compression,
-                         env={"TF_USE_LEGACY_KERAS": ""})
+@pytest.mark.parametrize("compression", KERAS3_COMPRESSIONS)
+def test_keras3_fit_example_with_every_compression(keras3_fit, compression):
+    output = keras3_fit[compression]
     levelled = compression not in ("none", "fp16")  # the others compress the kernels
     assert output.count("level per layer: dense=" if levelled else "level per layer: none (") == 3, output
     assert re.search(r"test accuracy 0\.\d+; bytes sent per rank \d+", output), output
@@ -91,41 +114,65 @@ def test_tensorflow_custom_loop_example_traces_once():
     assert output.count("traced 1 time(s)") == 2, output
 
 
+@pytest.fixture(scope="module")
+def ddp_plots(tmp_path_factory):
+    return tmp_path_factory.mktemp("ddp-plots")
+
+
+DDP_COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "topk", "accordion-topk"]
+
+
+@pytest.fixture(scope="module")
+def ddp_example(ddp_plots):
+    output = run_example("ddp_accordion.py", "--epochs", "6", "--decay-epoch", "4", "--plots", str(ddp_plots),
+                         "--compression", *DDP_COMPRESSIONS, launcher="torchrun")
+    return runs_by_compression(output, DDP_COMPRESSIONS)
+
+
 @pytest.mark.multiworker
-def test_ddp_example_trains_switches_levels_and_plots_without_horovod(tmp_path):
-    output = run_example("ddp_accordion.py", "--epochs", "6", "--decay-epoch", "4", "--plots", str(tmp_path),
-                         launcher="torchrun")
+def test_ddp_example_trains_switches_levels_and_plots_without_horovod(ddp_example, ddp_plots):
+    output = ddp_example["accordion"]
+    whole = "".join(ddp_example.values())
     for rank in (0, 1):
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:6]
         assert len(losses) == 6 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert re.search(r"check after epoch 2: levels per layer: .*=1", output), output
     assert "LR decay to" in output, output
     assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank", output), output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["levels.png", "norm.png"], output
+    assert sorted(p.name for p in (ddp_plots / "accordion").iterdir()) == ["levels.png", "norm.png"], output
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "topk", "accordion-topk"])
-def test_ddp_example_with_every_compression(compression):
-    output = run_example("ddp_accordion.py", "--epochs", "3", "--compression", compression, launcher="torchrun")
+@pytest.mark.parametrize("compression", DDP_COMPRESSIONS[1:])
+def test_ddp_example_with_every_compression(ddp_example, compression):
+    output = ddp_example[compression]
     assert f"{compression}: test accuracy" in output, output
     assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output
 
 
+fsdp_example = launched_once("fsdp_accordion.py", DDP_COMPRESSIONS, "--epochs", "6", "--decay-epoch", "4",
+                             launcher="torchrun", processes=4)
+
+
 @pytest.mark.multiworker
-def test_fsdp_example_trains_and_switches_levels_on_2_replicas_of_2_shards():
-    """Each compression kind trains on FSDP in tests/workers/fsdp_checks.py (the advisor's check: none,
-    fp16, static PowerSGD and TopK; the reference: adaptive PowerSGD and TopK), one launch for all:
-    four processes per example run would add minutes to ``make test``."""
-    output = run_example("fsdp_accordion.py", "--epochs", "6", "--decay-epoch", "4", launcher="torchrun", processes=4)
+def test_fsdp_example_trains_and_switches_levels_on_2_replicas_of_2_shards(fsdp_example):
+    output = fsdp_example["accordion"]
+    whole = "".join(fsdp_example.values())
     for rank in range(4):
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", output)]
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:6]
         assert len(losses) == 6 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert re.search(r"check after epoch [2-5]: levels per layer: .*=1", output), output
     assert "LR decay to" in output, output
     assert re.search(r"accordion: test accuracy 0\.9\d+, [0-9.]+ kB sent per rank across replicas", output), output
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("compression", DDP_COMPRESSIONS[1:])
+def test_fsdp_example_with_every_compression(fsdp_example, compression):
+    assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank across replicas",
+                     fsdp_example[compression]), fsdp_example[compression]
 
 
 @pytest.mark.multiworker

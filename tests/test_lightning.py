@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import check_names, run_workers
+from tests.conftest import check_names, run_workers, runs_by_compression
 from tests.test_examples import run_example
 
 pytest.importorskip("lightning")
@@ -27,10 +27,19 @@ def test_lightning(launches, module, check):
     launches[module].check(check)
 
 
+COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "rank2", "topk", "accordion-topk"]
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The example trains every compression in turn, in one launch."""
+    return runs_by_compression(run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "6", "--decay-epoch",
+                                           "4", "--compression", *COMPRESSIONS, launcher="torchrun"), COMPRESSIONS)
+
+
 @pytest.mark.multiworker
-def test_example_trains_and_switches_levels_both_ways():
-    output = run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "6", "--decay-epoch", "4",
-                         launcher="torchrun")
+def test_example_trains_and_switches_levels_both_ways(example):
+    output = example["accordion"]
     losses = [float(x) for x in re.findall(r"\[rank 0\] epoch +\d+ +loss ([0-9.]+)", output)]
     assert len(losses) == 6 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: net.0.weight=2" in output, output
@@ -40,9 +49,8 @@ def test_example_trains_and_switches_levels_both_ways():
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "rank2", "topk", "accordion-topk"])
-def test_example_with_every_compression(compression):
-    output = run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "1", "--compression", compression,
-                         launcher="torchrun")
+@pytest.mark.parametrize("compression", COMPRESSIONS[1:])
+def test_example_with_every_compression(example, compression):
+    output = example[compression]
     assert f"{compression}: test accuracy" in output, output
     assert re.search(rf"{compression}: test accuracy 0\.\d+, [0-9.]+ kB sent per rank", output), output

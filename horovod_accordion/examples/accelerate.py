@@ -24,19 +24,20 @@ def main():
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, size = accelerator.process_index, accelerator.num_processes
     x_train, y_train, x_test, y_test = (t.to(accelerator.device) for t in shards(rank, size))
-    model = mlp()
-    optimizer, scheduler = sgd_with_step_decay(model.parameters(), args, size)
-    # Each rank keeps its own shard: the data is not prepared (Accelerate would shard it again).
-    model, optimizer = accelerator.prepare(model, optimizer)
-    state = register_accordion(accelerator, model, AccordionState(compression=COMPRESSIONS[args.compression],
-                                                                  interval=args.interval), optimizer)
-    report = Report(state, rank, args.compression)
-    for epoch in range(args.epochs):
-        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch, accelerator.backward)
-        scheduler.step()
-        state.end_epoch()
-        report.epoch(epoch, losses, accuracy(model, x_test, y_test))
-    report.end(accuracy(model, x_test, y_test))
+    for compression in args.compression:
+        model = mlp()
+        optimizer, scheduler = sgd_with_step_decay(model.parameters(), args, size)
+        # Each rank keeps its own shard: the data is not prepared (Accelerate would shard it again).
+        model, optimizer = accelerator.prepare(model, optimizer)
+        state = register_accordion(accelerator, model, AccordionState(compression=COMPRESSIONS[compression],
+                                                                      interval=args.interval), optimizer)
+        report = Report(state, rank, compression)
+        for epoch in range(args.epochs):
+            losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch, accelerator.backward)
+            scheduler.step()
+            state.end_epoch()
+            report.epoch(epoch, losses, accuracy(model, x_test, y_test))
+        report.end(accuracy(model, x_test, y_test))
     accelerator.end_training()
 
 

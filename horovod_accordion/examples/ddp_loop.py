@@ -6,6 +6,7 @@ import torch
 
 from horovod_accordion.ddp import Compression, PowerSGD, TopK
 from horovod_accordion.examples.data import CLASSES, FEATURES, synthetic_shards
+from horovod_accordion.examples.runs import announce
 
 COMPRESSIONS = {
     "accordion": PowerSGD(low_rank=2, high_rank=1),
@@ -25,7 +26,8 @@ def argument_parser(description):
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--decay-epoch", type=int, default=10, help="the LR drops 10x here")
     parser.add_argument("--interval", type=int, default=2, help="epochs between Accordion checks")
-    parser.add_argument("--compression", choices=list(COMPRESSIONS), default="accordion")
+    parser.add_argument("--compression", nargs="+", choices=list(COMPRESSIONS), default=["accordion"],
+                        help="one or more: each trains from the same start in turn, in this one launch")
     return parser
 
 
@@ -69,6 +71,7 @@ class Report:
     def __init__(self, state, rank, compression):
         self.state, self.rank, self.compression = state, rank, compression
         self.checks_printed = 0
+        announce(rank, compression)
 
     def epoch(self, epoch, losses, test_accuracy):
         """After the epoch's window closed; ``losses``: the epoch's, or its mean alone."""

@@ -65,12 +65,13 @@ class ReportEpochs(pl.Callback):
 
 def main():
     args = argument_parser(__doc__).parse_args()
-    state = AccordionState(compression=COMPRESSIONS[args.compression], interval=args.interval)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs,
-                         callbacks=[AccordionCallback(state), ReportEpochs(state, args.compression)],
-                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
-                         enable_model_summary=False, enable_progress_bar=False)
-    trainer.fit(ClustersMLP(args))
+    for compression in args.compression:
+        state = AccordionState(compression=COMPRESSIONS[compression], interval=args.interval)
+        trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs,
+                             callbacks=[AccordionCallback(state), ReportEpochs(state, compression)],
+                             use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                             enable_model_summary=False, enable_progress_bar=False)
+        trainer.fit(ClustersMLP(args))
 
 
 if __name__ == "__main__":

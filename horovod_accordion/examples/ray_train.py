@@ -35,19 +35,20 @@ def train_loop_per_worker(args):
     rank, size = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(1)
     x_train, y_train, x_test, y_test = shards(rank, size)
-    model = ray.train.torch.prepare_model(mlp())
-    optimizer, scheduler = sgd_with_step_decay(model.parameters(), args, size)
-    state = prepare_accordion(model, AccordionState(compression=COMPRESSIONS[args.compression],
-                                                    interval=args.interval), optimizer)
-    epochs = Report(state, rank, args.compression)
-    for epoch in range(args.epochs):
-        losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
-        scheduler.step()
-        state.end_epoch()
-        test_accuracy = accuracy(model, x_test, y_test)
-        report(state, {"epoch": epoch, "loss": sum(losses) / len(losses), "accuracy": test_accuracy})
-        epochs.epoch(epoch, losses, test_accuracy)
-    epochs.end(test_accuracy)
+    for compression in args.compression:
+        model = ray.train.torch.prepare_model(mlp())
+        optimizer, scheduler = sgd_with_step_decay(model.parameters(), args, size)
+        state = prepare_accordion(model, AccordionState(compression=COMPRESSIONS[compression],
+                                                        interval=args.interval), optimizer)
+        epochs = Report(state, rank, compression)
+        for epoch in range(args.epochs):
+            losses = train_epoch(model, optimizer, x_train, y_train, args.batch_size, epoch)
+            scheduler.step()
+            state.end_epoch()
+            test_accuracy = accuracy(model, x_test, y_test)
+            report(state, {"epoch": epoch, "loss": sum(losses) / len(losses), "accuracy": test_accuracy})
+            epochs.epoch(epoch, losses, test_accuracy)
+        epochs.end(test_accuracy)
 
 
 def main():
