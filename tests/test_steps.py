@@ -1,6 +1,6 @@
 """The step driver that the torch optimizer, the DDP state and the TF state share: counting a
 micro-batch, the divisor and LR factor of the step it completes, and what the log records. The
-workers' checks run it on real ranks (``check_batch_switch_*``, ``seam_checks``)."""
+workers' checks run it on real ranks (``check_batch_switch_*``, ``usage_checks``)."""
 
 import pytest
 

@@ -1,12 +1,15 @@
-"""Issue 18's seam bugs, each on 2 real Horovod processes, over Gloo and over MPI."""
+"""The adapters meeting their users' code on 2 real Horovod processes, torch and TF, over Gloo
+and over MPI (``tests/workers/usage_checks.py``), and the learning rate agreed over the ranks
+(``lr_agreement_checks.py``): one launch per controller."""
 import pytest
 
 from tests.conftest import CONTROLLERS, check_names
 
+LAUNCH = "usage_checks+lr_agreement_checks"
+
 
 @pytest.mark.multiworker
 @pytest.mark.parametrize("controller", CONTROLLERS)
-@pytest.mark.parametrize("module,check", [(m, c) for m in ("seam_checks", "review_seam_checks")
-                                          for c in check_names(m)])
-def test_seams(launches, controller, module, check):
-    launches(module, controller).check(check)
+@pytest.mark.parametrize("check", check_names(LAUNCH))
+def test_usage(launches, controller, check):
+    launches(LAUNCH, controller).check(check)

@@ -90,8 +90,9 @@ def fit(storage, name, compare, resume_from=None):
     return result, [json.loads(pathlib.Path(summary.format(rank=rank)).read_text()) for rank in range(2)]
 
 
-def main(storage):
-    ray.init(num_cpus=2, include_dashboard=False)
+def main(storage, address=None):
+    """``address``: a running cluster's (the tests share one); by default, a local one of 2 CPUs."""
+    ray.init(address=address, num_cpus=None if address else 2, include_dashboard=False)
     uninterrupted, firsts = fit(storage, "uninterrupted", compare=True)
     [checkpoint] = [c for c, m in uninterrupted.best_checkpoints if m.get("epoch") == CHECKPOINT_EPOCH - 1]
     _, seconds = fit(storage, "resumed", compare=False, resume_from=checkpoint.path)
@@ -105,4 +106,4 @@ def main(storage):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -1,8 +1,9 @@
 """Runs every ``check_*`` function of a worker module inside one Horovod process.
 
 Launched by ``tests/conftest.py`` as ``horovodrun -np N python -m tests.workers.runner
-MODULE OUTDIR``. Each rank writes ``OUTDIR/rank<r>.json`` after every check, so a check
-that hangs still leaves the results of the ones before it.
+MODULE[+MODULE...] OUTDIR``: modules that share a setup share a launch. Each rank writes
+``OUTDIR/rank<r>.json`` after every check, so a check that hangs still leaves the results of
+the ones before it.
 """
 import importlib
 import json
@@ -12,12 +13,20 @@ import time
 import traceback
 
 
-def main(module_name, out_dir):
-    module = importlib.import_module(f"tests.workers.{module_name}")
-    rank = module.setup()
-    results = {}
+def main(module_names, out_dir):
+    """``module_names``: one module, or several joined by ``+`` that share the launch, each set
+    up (once per distinct ``setup``) before its checks run."""
+    modules = [importlib.import_module(f"tests.workers.{name}") for name in module_names.split("+")]
+    setups = list(dict.fromkeys(module.setup for module in modules))
+    rank = [setup() for setup in setups][0]
+    # Until here, the launch's start-up: the launcher, the imports and the frameworks' init.
+    launched = os.environ.get("ACCORDION_LAUNCHED_AT")
+    results = {"_startup_s": round(time.time() - float(launched), 3)} if launched else {}
     path = os.path.join(out_dir, f"rank{rank}.json")
-    for name in sorted(n for n in vars(module) if n.startswith("check_")):
+    checks = [(module, name) for module in modules for name in sorted(n for n in vars(module) if n.startswith("check_"))]
+    names = [name for _, name in checks]
+    assert len(set(names)) == len(names), f"two modules of {module_names} have a check of the same name"
+    for module, name in checks:
         started = time.time()
         try:
             value = getattr(module, name)()
@@ -28,7 +37,6 @@ def main(module_name, out_dir):
         with open(path + ".tmp", "w") as stream:
             json.dump(results, stream, default=repr)
         os.replace(path + ".tmp", path)
-
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])

@@ -1,7 +1,8 @@
-"""The bugs that lived between two pieces tested apart (issue 18), on 2 real ranks, torch and TF.
-
-Each check failed on 5715ed0, before the fixes (the issue's closing note names each one's commit).
-"""
+"""How the adapters meet their users' code, on 2 real ranks, torch and TF: misuse refused with
+its fix (a call at the wrong point, a frozen or unfrozen layer, several optimizers, another
+configuration's checkpoint), micro-batches and warm starts handed over intact, wire choices
+and collective names that agree across ranks. Each check failed before its fix (the CHANGELOG
+names the fixes)."""
 import os
 import warnings
 
@@ -19,6 +20,7 @@ from horovod_accordion.core.compression import sparse_is_cheaper
 from horovod_accordion.torch import BatchSwitch, Compression
 from tests.workers.torch_checks import assert_same_on_all_ranks, gathered, rank_batch, set_rank_gradients
 from tests.workers.models import make_model
+from tests.workers.policy_reference import set_regime
 
 
 def setup():
@@ -504,3 +506,122 @@ def check_tf_rank_restored_without_its_pending_micro_batches_averages_what_it_ho
     expected = horovod_tf.allreduce(tf.constant(mine), op=horovod_tf.Average).numpy()
     np.testing.assert_allclose(averaged, expected, rtol=1e-6)
     return held
+
+
+def train_steps(model, optimizer, steps, first=0):
+    for step in range(first, first + steps):
+        x, y = rank_batch(step)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def check_a_layer_frozen_mid_run_stops_moving_and_one_unfrozen_is_named():
+    """Frozen after construction: PowerSGD's memory kept moving it (its gradient was the memory's
+    approximation). Unfrozen after construction: never averaged, so the replicas drift: a warning."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=Compression.powersgd(1, 1, min_compression_rate=0))
+    train_steps(model, optimizer, 3)
+    assert optimizer._reducer.memory[0].abs().sum() > 0, "the memory holds something to move the layer with"
+    model[0].weight.requires_grad_(False)
+    model[0].weight.grad = None
+    frozen = model[0].weight.detach().clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_steps(model, optimizer, 2, first=3)
+    assert torch.equal(model[0].weight, frozen), "a frozen layer moved"
+    assert any("'0.weight' was frozen after" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+    late = make_model()
+    late[2].weight.requires_grad_(False)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(late.parameters(), lr=0.1),
+                                         named_parameters=late.named_parameters())
+    late[2].weight.requires_grad_(True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_steps(late, optimizer, 1)
+    assert any("'2.weight' was frozen when the optimizer was built" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+
+
+def check_model_zero_grad_during_a_large_batch_is_an_error_not_a_silent_loss():
+    """With batch_switch, ``optimizer.zero_grad()`` keeps the micro-batches of a large batch in
+    progress; ``model.zero_grad()`` wiped them without a word."""
+    def large_batch_optimizer(model):
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters(),
+                                             batch_switch=BatchSwitch(8, 4, warmup_steps=0))
+        set_regime(optimizer._accordion, [False] * len(optimizer._params))  # the large-batch regime
+        assert optimizer.micro_batches_per_step == 4
+        return optimizer
+
+    model = make_model()
+    optimizer = large_batch_optimizer(model)
+    train_steps(model, optimizer, 2)  # two of the four micro-batches are held
+    model.zero_grad()
+    x, y = rank_batch(2)
+    try:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    except RuntimeError as error:
+        assert "optimizer.zero_grad()" in str(error) and "2 micro-batch" in str(error), error
+    else:
+        raise AssertionError("the held micro-batches were wiped without a word")
+    # optimizer.zero_grad() keeps them, and a new model trains through large batches.
+    model = make_model()
+    optimizer = large_batch_optimizer(model)
+    train_steps(model, optimizer, 8)
+    assert optimizer.accordion_stats()["steps"] == 2
+    assert_same_on_all_ranks(model)
+
+
+def check_a_keras_snapshot_of_another_configuration_is_refused_before_anything_is_assigned():
+    """``load_snapshot`` (``.keras`` loading, elastic restores) assigned by position: a snapshot of
+    another model was truncated or half-assigned. Count, names and shapes are checked first."""
+    import numpy as np
+    import horovod_accordion.tensorflow as hvd_tf
+
+    def state(shape, compression):
+        variable = tf.Variable(np.ones(shape, np.float32))
+        return hvd_tf.AccordionState([variable], compression=compression, window_steps=2, interval=1)
+
+    powersgd = hvd_tf.Compression.powersgd(2, 1, min_compression_rate=0)
+    saved = state((6, 4), powersgd)
+    for other in (state((5, 4), powersgd), state((6, 4), hvd_tf.Compression.topk(0.5, 0.1))):
+        before = other.snapshot()
+        try:
+            other.load_snapshot(saved.snapshot(), saved.snapshot_names())
+        except ValueError as error:
+            assert "does not fit this AccordionState" in str(error), error
+        else:
+            raise AssertionError("a snapshot of another configuration was assigned")
+        after = other.snapshot()
+        assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    same = state((6, 4), powersgd)
+    same.load_snapshot(saved.snapshot(), saved.snapshot_names())
+
+
+def check_keras_batch_switch_with_several_steps_per_execution_is_refused_at_fit():
+    """fit()'s batch callbacks run once per ``steps_per_execution`` batches, and batch_switch
+    counts and scales each micro-batch there: the gradient scales were silently wrong."""
+    import numpy as np
+    import tf_keras
+    import horovod_accordion.keras as hvd_keras
+
+    model = tf_keras.Sequential([tf_keras.layers.Dense(4, input_shape=(6,))])
+    optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.01),
+                                               batch_switch=BatchSwitch(small_batch=4, multiplier=2))
+    model.compile(optimizer=optimizer, loss="mse", steps_per_execution=2)
+    x, y = np.ones((16, 6), np.float32), np.zeros((16, 4), np.float32)
+    try:
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[hvd_keras.AccordionCallback()])
+    except ValueError as error:
+        assert "steps_per_execution=1" in str(error), error
+    else:
+        raise AssertionError("batch_switch ran with steps_per_execution=2")
+
+
+# Item 10: rank 0's rate drops 10x at step 4, rank 1's at step 8, as a ReduceLROnPlateau stepped
+# on each rank's own loss would. The detector must see one rate on every rank: the largest, so the
+# decay comes at step 8, on both ranks at once.
