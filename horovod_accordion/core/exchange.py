@@ -183,6 +183,11 @@ class BucketedExchange:
         non-finite gradients in the window."""
         accordion, tensors, collectives, reducer = self.accordion, self.tensors, self.collectives, self.reducer
         empty = accordion.window_empties_delta
+        # Sharded, the non-finite shards are counted over the world at a check, before the check
+        # takes its bytes: a checkpoint between two checks then leaves no bytes pending.
+        world_counts = self._non_finite_over_the_world() \
+            if accordion.window_is_check and self.non_finite_counts is not None and self.world is not collectives \
+            else None
         if accordion.window_is_check:
             accumulated = self.accumulated
             # Each rank's own errors, before anything averages Δ: the table is averaged instead.
@@ -213,11 +218,11 @@ class BucketedExchange:
             for total in self.accumulated:
                 tensors.zero(total)
         self.follow_schedule()
-        if self.non_finite_counts is not None:
-            if self.world is self.collectives:
-                self._warn_non_finite(tensors.to_floats(tensors.read(self.non_finite_counts)))
-            else:
-                self._warn_non_finite_shards()
+        if self.non_finite_counts is not None and self.world is self.collectives:
+            self._warn_non_finite(tensors.to_floats(tensors.read(self.non_finite_counts)))
+            tensors.zero(self.non_finite_counts)
+        elif world_counts is not None:
+            self._warn_non_finite_shards(world_counts)
             tensors.zero(self.non_finite_counts)
 
     def _sum_over_shards(self, table, name):
@@ -240,17 +245,20 @@ class BucketedExchange:
                 f"{', '.join(layers)}. They were averaged as Horovod would (a GradScaler skips those steps) "
                 f"and left out of the detector's Δ, so they switch no level.", RuntimeWarning)
 
-    def _warn_non_finite_shards(self):
+    def _non_finite_over_the_world(self):
         """Sharded, each rank counted its own shards, and one replica's overflow reaches some
-        shards only: rank 0 warns once for the world, with the counts summed over it."""
+        shards only: the counts summed over the world."""
         world = self.world
         counts = world.start_allreduce_mean(self.tensors.copy(self.non_finite_counts), "non_finite").wait()
-        counts = [n * world.size() for n in self.tensors.to_floats(counts)]
-        accordion = self.accordion
+        return [n * world.size() for n in self.tensors.to_floats(counts)]
+
+    def _warn_non_finite_shards(self, counts):
+        """Rank 0 warns once for the world, at a check, with the counts summed over it."""
+        world, accordion = self.world, self.accordion
         layers = [f"{name!r} ({round(n)})" for name, n in zip(accordion.layer_names, counts) if round(n) > 0]
         if layers and world.rank() == 0:
             warnings.warn(
-                f"non-finite gradient shards in the window that ended at step {accordion.step}, by layer (shards × "
+                f"non-finite gradient shards in the windows up to the check at step {accordion.step}, by layer (shards × "
                 f"steps, over all ranks): {', '.join(layers)}. Each was averaged across its replicas as FSDP's own "
                 f"all-reduce would (a GradScaler skips those steps) and left out of the detector's Δ, so they switch "
                 f"no level.", RuntimeWarning)
