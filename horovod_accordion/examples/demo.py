@@ -115,15 +115,17 @@ def main():
                         help="windows (here, epochs) between two checks of the gradient norms "
                              "(the paper's 10 suits 300-epoch runs)")
     args = parser.parse_args()
-    require_horovod(args.framework)
+    require_horovod()
     (train_torch if args.framework == "torch" else train_tensorflow)(args)
 
 
-def require_horovod(framework):
+def require_horovod():
     """Exit with what to do where Horovod is missing: a torch-only environment (the DDP and FSDP
-    route) has none, and a bare ``ModuleNotFoundError`` names neither the installer nor that route."""
+    route) has none, and a bare ``ModuleNotFoundError`` names neither the installer nor that route.
+    Horovod's top package only: ``horovod.tensorflow`` would bind Keras before the TF demo asks for
+    tf_keras."""
     try:
-        importlib.import_module("horovod.torch" if framework == "torch" else "horovod.tensorflow")
+        importlib.import_module("horovod")
     except ImportError as missing:
         sys.exit(f"this demo trains with Horovod, which this environment cannot import ({missing}).\n"
                  f"Build and install the patched Horovod with `python -m horovod_accordion.tools.install_horovod` "
