@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 NP ?= 2
 
-.PHONY: setup demo test test-gpu image test-image
+.PHONY: setup demo test check test-gpu image test-image
 
 setup:
 	VENV=$(VENV) bash scripts/setup.sh
@@ -11,8 +11,13 @@ setup:
 demo: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/horovodrun -np $(NP) --gloo $(PYTHON) examples/pytorch_demo.py
 
+# Every check; the summary lists the 25 slowest tests and each worker launch's start-up.
 test: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v tests
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v --durations=25 tests
+
+# The edit-run loop: the unit tests and one launch per backend (the tests marked `check`).
+check: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -q --durations=10 -m "not multiworker or check" tests
 
 # NCCL on two GPUs: run it in the GPU image (docker/Dockerfile.gpu), or after
 # HOROVOD_GPU_OPERATIONS=NCCL with the CUDA builds it names. Skips, saying why, without them.

@@ -48,6 +48,7 @@ def main():
 
 def train(args, compression):
     announce(hvd.rank(), compression)
+    keras.backend.clear_session()  # each run's layers are named as the first's
     keras.utils.set_random_seed(0)
     x_train, y_train, x_test, y_test = digits_shards(hvd.rank(), hvd.size())
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),

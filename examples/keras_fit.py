@@ -50,6 +50,7 @@ def main():
 
 def train(args, compression):
     announce(hvd.rank(), compression)
+    tf_keras.backend.clear_session()  # each run's layers are named as the first's
     tf_keras.utils.set_random_seed(0)
     x_train, y_train, x_test, y_test = digits_shards(hvd.rank(), hvd.size())
     model = tf_keras.Sequential([tf_keras.layers.Dense(128, activation="relu", input_shape=(64,)),

@@ -19,15 +19,30 @@ def horovodrun(controller, module, *args, timeout=300):
                           cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """``resumed(controller)``: the folder of a full job and a resuming job, each running the torch
+    job's phase then the Keras job's (``tests/workers/resume_jobs.py``); each job's outcome."""
+    jobs = {}
+
+    def run(controller):
+        if controller not in jobs:
+            directory = tmp_path_factory.mktemp(f"resume-{controller}")
+            jobs[controller] = directory, [horovodrun(controller, "tests.workers.resume_jobs", phase, str(directory))
+                                           for phase in ("full", "resume")]
+        return jobs[controller]
+
+    return run
+
+
 @pytest.mark.multiworker
 @pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("framework", ["torch", "keras"])
-def test_resume_in_a_new_job_is_bitwise_identical_to_an_uninterrupted_run(framework, controller, tmp_path):
-    module = {"torch": "tests.workers.resume_job", "keras": "tests.workers.tf_resume_job"}[framework]
-    for phase in ("full", "resume"):
-        job = horovodrun(controller, module, phase, str(tmp_path))
+def test_resume_in_a_new_job_is_bitwise_identical_to_an_uninterrupted_run(framework, controller, resumed):
+    directory, jobs = resumed(controller)
+    for phase, job in zip(("full", "resume"), jobs):
         assert job.returncode == 0, f"{phase}: " + job.stdout[-3000:] + job.stderr[-3000:]
-    reports = [json.loads((tmp_path / f"resume.rank{rank}.json").read_text()) for rank in (0, 1)]
+    reports = [json.loads((directory / framework / f"resume.rank{rank}.json").read_text()) for rank in (0, 1)]
     rank_zero_resumes = [report.pop("rank0_only", None) for report in reports]
     if framework == "keras":  # and a resume where only rank 0 read its checkpoint
         assert rank_zero_resumes[0] == rank_zero_resumes[1], rank_zero_resumes

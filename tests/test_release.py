@@ -14,6 +14,7 @@ import pytest
 import horovod_accordion
 from tests.conftest import REPO
 from tests.test_docs import code_blocks
+from tests.test_snippets import script_of
 
 INSTALL_PAGE = REPO / "docs" / "getting-started" / "install.md"
 TRAINER_PAGES = [REPO / page for page in (
@@ -100,6 +101,20 @@ def test_the_torch_and_trainer_pages_run_from_the_wheel_as_written(dist, tmp_pat
             continue
         for rank in (0, 1):
             assert len(re.findall(rf"\[rank {rank}\] epoch +\d+ ", output)) == 16, (page.name, output[-3000:])
+
+
+def test_the_torch_only_block_of_the_install_page_trains_the_ddp_page_without_horovod(dist, tmp_path):
+    """The install page's DDP and FSDP2 block makes an environment without Horovod, in which the
+    DDP page's script trains on 2 ranks with torchrun, switching from ℓ_low to ℓ_high."""
+    wheel = next(dist.glob("*.whl"))
+    ddp_block = release_blocks(INSTALL_PAGE)[2]
+    (tmp_path / "train.py").write_text(script_of(REPO / "docs" / "getting-started" / "ddp.md"))
+    output = run_as_a_user(ddp_block + "\nif python -c 'import horovod' 2>/dev/null; then echo HOROVOD IMPORTS; fi\n"
+                           "torchrun --standalone --nproc_per_node 2 train.py\n", tmp_path, wheel)
+    assert "HOROVOD IMPORTS" not in output, output[-3000:]
+    levels = re.findall(r"^epoch \d+: PowerSGD rank per layer \[([\d, ]+)\]", output, re.M)
+    assert len(levels) == 8 and set(levels[0].split(", ")) == {"2"} and set(levels[-1].split(", ")) == {"1"}, \
+        output[-3000:]
 
 
 def test_the_tensorflow_block_of_the_install_page_runs_from_the_wheel_as_written(dist, tmp_path):
