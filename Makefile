@@ -11,13 +11,17 @@ setup:
 demo: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/horovodrun -np $(NP) --gloo $(PYTHON) examples/pytorch_demo.py
 
-# Every check; the summary lists the 25 slowest tests and each worker launch's start-up.
+# Every check, on two pytest workers (a test file stays on one, so its launches are shared; the
+# longest files first, tests/conftest.py): much of a launch is start-up and waiting, which the
+# other worker's launches fill. The summary lists the 25
+# slowest tests and each worker launch's start-up apart from its checks.
 test: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v --durations=25 tests
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
-# The edit-run loop: the unit tests and one launch per backend (the tests marked `check`).
+# The edit-run loop: the unit tests and one launch per backend (the getting-started scripts, marked
+# `check`), on two pytest workers; not the wheel's installs (marked `release`).
 check: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -q --durations=10 -m "not multiworker or check" tests
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=10 -m "check or not (multiworker or release)" tests
 
 # NCCL on two GPUs: run it in the GPU image (docker/Dockerfile.gpu), or after
 # HOROVOD_GPU_OPERATIONS=NCCL with the CUDA builds it names. Skips, saying why, without them.

@@ -87,16 +87,26 @@ def run_workers(module_name, out_dir, np=2, controller="gloo", timeout=300, env=
     return Launch(results, output, timed_out, process.returncode, timeout)
 
 
-def runs_by_compression(output, names):
-    """One launch's output cut at rank 0's ``training with <name>`` lines (in ``names``' order):
-    ``{name: that run's part}``, for an example that trains several compressions in turn. Rank
-    0's lines of a run are all in its part; another rank's may reach into the next."""
-    starts = []
-    for name in names:
-        marker = f"[rank 0] training with {name}\n"
-        assert marker in output[starts[-1] if starts else 0:], f"no run of {name}:\n" + output[-4000:]
-        starts.append(output.index(marker, starts[-1] if starts else 0))
-    return {name: output[start:end] for name, start, end in zip(names, starts, starts[1:] + [len(output)])}
+class Runs:
+    """One launch's output, in which an example trained ``names`` in turn: each rank announces
+    each run (``[rank R] training with <name>``) before its lines of it. ``runs[name]``: rank 0's
+    part; ``runs.of_rank(rank, name)``: that rank's, its lines of that run and no others of its own
+    (other ranks' lines interleave)."""
+
+    def __init__(self, output, names):
+        self.output, self.names = output, list(names)
+
+    def __getitem__(self, name):
+        return self.of_rank(0, name)
+
+    def of_rank(self, rank, name):
+        starts, position = [], 0
+        for each in self.names:
+            position = self.output.find(f"[rank {rank}] training with {each}\n", position)
+            assert position >= 0, f"rank {rank} announced no run of {each}:\n" + self.output[-4000:]
+            starts.append(position)
+        index = self.names.index(name)
+        return self.output[starts[index]:(starts + [len(self.output)])[index + 1]]
 
 
 def free_port():
@@ -139,6 +149,29 @@ def launches(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+# The test files that take longest, longest first: on two pytest workers, each takes the next file
+# when it runs dry (``--dist loadfile --no-loadscope-reorder``), so the long ones must not come last.
+LONGEST_FIRST = ["test_release.py", "test_fault_tolerance.py", "test_examples.py", "test_tensorflow_workers.py",
+                 "test_ray_train.py", "test_study.py", "test_usage.py", "test_torch_workers.py", "test_keras3.py",
+                 "test_snippets.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its launches' times to the controller, which prints them."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["launch_times"] = LAUNCH_TIMES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    LAUNCH_TIMES.extend(tuple(launch) for launch in getattr(node, "workeroutput", {}).get("launch_times", []))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, check_names, free_port, runs_by_compression, worker_env
+from tests.conftest import REPO, check_names, free_port, Runs, worker_env
 
 pytest.importorskip("accelerate")
 
@@ -37,17 +37,16 @@ COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "rank2", "topk", "accordio
 @pytest.fixture(scope="module")
 def example():
     """The example trains every compression in turn, in one launch."""
-    return runs_by_compression(accelerate_launch("--epochs", "6", "--decay-epoch", "4", "--compression", *COMPRESSIONS),
+    return Runs(accelerate_launch("--epochs", "6", "--decay-epoch", "4", "--compression", *COMPRESSIONS),
                                COMPRESSIONS)
 
 
 @pytest.mark.multiworker
 def test_example_trains_and_switches_levels_both_ways(example):
     output = example["accordion"]
-    whole = "".join(example.values())
     for rank in (0, 1):
-        # A rank's lines are in order: its first 6 epochs are the accordion run's.
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:6]
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)",
+                                                example.of_rank(rank, "accordion"))]
         assert len(losses) == 6 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert re.search(r"check after epoch 2: levels per layer: .*=1", output), output

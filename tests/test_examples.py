@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, free_port, runs_by_compression, worker_env
+from tests.conftest import REPO, free_port, Runs, worker_env
 
 HOROVODRUN = str(pathlib.Path(sys.executable).parent / "horovodrun")
 
@@ -33,7 +33,7 @@ def launched_once(script, compressions, *args, **options):
     compression's part of the output."""
     @pytest.fixture(scope="module")
     def runs():
-        return runs_by_compression(run_example(script, *args, "--compression", *compressions, **options), compressions)
+        return Runs(run_example(script, *args, "--compression", *compressions, **options), compressions)
     return runs
 
 
@@ -44,10 +44,9 @@ pytorch_demo = launched_once("pytorch_demo.py", ["accordion", "none", "fp16", "r
 @pytest.mark.multiworker
 def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels(pytorch_demo):
     output = pytorch_demo["accordion"]
-    whole = "".join(pytorch_demo.values())
     for rank in (0, 1):
-        # A rank's lines are in order: its first 4 epochs are the accordion run's.
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:4]
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)",
+                                                pytorch_demo.of_rank(rank, "accordion"))]
         assert len(losses) == 4 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert "LR decay to" in output, output
@@ -126,15 +125,15 @@ DDP_COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "topk", "accordion-top
 def ddp_example(ddp_plots):
     output = run_example("ddp_accordion.py", "--epochs", "6", "--decay-epoch", "4", "--plots", str(ddp_plots),
                          "--compression", *DDP_COMPRESSIONS, launcher="torchrun")
-    return runs_by_compression(output, DDP_COMPRESSIONS)
+    return Runs(output, DDP_COMPRESSIONS)
 
 
 @pytest.mark.multiworker
 def test_ddp_example_trains_switches_levels_and_plots_without_horovod(ddp_example, ddp_plots):
     output = ddp_example["accordion"]
-    whole = "".join(ddp_example.values())
     for rank in (0, 1):
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:6]
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)",
+                                                ddp_example.of_rank(rank, "accordion"))]
         assert len(losses) == 6 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert re.search(r"check after epoch 2: levels per layer: .*=1", output), output
@@ -158,9 +157,9 @@ fsdp_example = launched_once("fsdp_accordion.py", DDP_COMPRESSIONS, "--epochs", 
 @pytest.mark.multiworker
 def test_fsdp_example_trains_and_switches_levels_on_2_replicas_of_2_shards(fsdp_example):
     output = fsdp_example["accordion"]
-    whole = "".join(fsdp_example.values())
     for rank in range(4):
-        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)", whole)][:6]
+        losses = [float(x) for x in re.findall(rf"\[rank {rank}\] epoch +\d+ +loss ([0-9.]+)",
+                                                fsdp_example.of_rank(rank, "accordion"))]
         assert len(losses) == 6 and losses[-1] < losses[0], output
     assert "check after epoch 0: levels per layer: 0.weight=2" in output, output
     assert re.search(r"check after epoch [2-5]: levels per layer: .*=1", output), output

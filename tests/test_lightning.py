@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import check_names, run_workers, runs_by_compression
+from tests.conftest import check_names, run_workers, Runs
 from tests.test_examples import run_example
 
 pytest.importorskip("lightning")
@@ -33,7 +33,7 @@ COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "rank2", "topk", "accordio
 @pytest.fixture(scope="module")
 def example():
     """The example trains every compression in turn, in one launch."""
-    return runs_by_compression(run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "6", "--decay-epoch",
+    return Runs(run_example("-m", "horovod_accordion.examples.lightning", "--epochs", "6", "--decay-epoch",
                                            "4", "--compression", *COMPRESSIONS, launcher="torchrun"), COMPRESSIONS)
 
 

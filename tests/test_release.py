@@ -16,6 +16,8 @@ from tests.conftest import REPO
 from tests.test_docs import code_blocks
 from tests.test_snippets import script_of
 
+pytestmark = pytest.mark.release
+
 INSTALL_PAGE = REPO / "docs" / "getting-started" / "install.md"
 TRAINER_PAGES = [REPO / page for page in (
     "docs/trainers/lightning.md", "docs/trainers/accelerate.md", "docs/trainers/ray_train.md")]

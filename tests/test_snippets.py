@@ -24,6 +24,7 @@ def script_of(page):
 
 
 @pytest.mark.multiworker
+@pytest.mark.check  # one launch per backend: make check's
 @pytest.mark.parametrize("name", PAGES)
 def test_the_getting_started_script_switches_levels_when_run_as_written(name, tmp_path):
     script = tmp_path / "train.py"

@@ -2,7 +2,6 @@
 
 
 def announce(rank, compression):
-    """Rank 0's first line of a run: where one launch trains several compressions in turn, each
-    run's lines follow its own."""
-    if rank == 0:
-        print(f"[rank 0] training with {compression}", flush=True)
+    """Each rank's first line of a run: where one launch trains several compressions in turn, each
+    rank's lines of a run follow its own announcement."""
+    print(f"[rank {rank}] training with {compression}", flush=True)

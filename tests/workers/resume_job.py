@@ -1,8 +1,9 @@
-"""One job of the cross-job resume test (``tests/test_fault_tolerance.py``).
+"""The torch phases of the cross-job resume test (``tests/test_fault_tolerance.py``), run by
+``resume_jobs.py``.
 
-``python -m tests.workers.resume_job full DIR``: train N + M steps without stopping; at
-step N every rank saves its own checkpoint (model and optimizer ``state_dict``), and at the
-end the final parameters. ``... resume DIR``: a new job, started from those checkpoints,
+``full(DIR)``: train N + M steps without stopping; at step N every rank saves its own
+checkpoint (model and optimizer ``state_dict``), and at the end the final parameters.
+``resume(DIR)``: a new job, started from those checkpoints,
 trains the M steps and writes its parameters. The test compares the two bitwise.
 
 Variants: adaptive PowerSGD and TopK (step windows, an LR decay after the restart), and
@@ -10,7 +11,6 @@ batch switching checkpointed two micro-batches into a large batch.
 """
 import json
 import os
-import sys
 
 import torch
 
@@ -93,8 +93,3 @@ def resume(directory):
     with open(os.path.join(directory, f"resume.rank{hvd.rank()}.json"), "w") as stream:
         json.dump(report, stream)
 
-
-if __name__ == "__main__":
-    hvd.init()
-    torch.set_num_threads(1)
-    {"full": full, "resume": resume}[sys.argv[1]](sys.argv[2])

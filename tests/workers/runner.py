@@ -1,7 +1,7 @@
 """Runs every ``check_*`` function of a worker module inside one Horovod process.
 
 Launched by ``tests/conftest.py`` as ``horovodrun -np N python -m tests.workers.runner
-MODULE[+MODULE...] OUTDIR``: modules that share a setup share a launch. Each rank writes
+MODULE[+MODULE...] OUTDIR``: modules that share a setup function share a launch. Each rank writes
 ``OUTDIR/rank<r>.json`` after every check, so a check that hangs still leaves the results of
 the ones before it.
 """
@@ -14,11 +14,12 @@ import traceback
 
 
 def main(module_names, out_dir):
-    """``module_names``: one module, or several joined by ``+`` that share the launch, each set
-    up (once per distinct ``setup``) before its checks run."""
+    """``module_names``: one module, or several joined by ``+`` whose ``setup`` is one function
+    (a module imports the other's): a second setup could initialize the framework otherwise."""
     modules = [importlib.import_module(f"tests.workers.{name}") for name in module_names.split("+")]
-    setups = list(dict.fromkeys(module.setup for module in modules))
-    rank = [setup() for setup in setups][0]
+    setups = {module.setup for module in modules}
+    assert len(setups) == 1, f"{module_names}: the modules of one launch must share one setup function"
+    rank = setups.pop()()
     # Until here, the launch's start-up: the launcher, the imports and the frameworks' init.
     launched = os.environ.get("ACCORDION_LAUNCHED_AT")
     results = {"_startup_s": round(time.time() - float(launched), 3)} if launched else {}

@@ -1,14 +1,14 @@
-"""One job of the Keras cross-job resume test (``tests/test_fault_tolerance.py``).
+"""The Keras phases of the cross-job resume test (``tests/test_fault_tolerance.py``), run by
+``resume_jobs.py``.
 
-``full DIR``: ``model.fit`` for 7 epochs; after every epoch every rank writes a
+``full(DIR)``: ``model.fit`` for 7 epochs; after every epoch every rank writes a
 ``tf.train.Checkpoint`` of its model and optimizer (Accordion's state included), and at the
-end its weights. ``resume DIR``: a new job restores the checkpoint of epoch 4 and fits the
+end its weights. ``resume(DIR)``: a new job restores the checkpoint of epoch 4 and fits the
 rest. Variants: adaptive PowerSGD and TopK, and batch switching with 5 micro-batches per
 epoch and 4 per large batch, restarted from the first epoch that ends inside a large batch.
 """
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -119,8 +119,3 @@ def resume_from_rank_zero(directory):
     return {"levels": state.levels, "steps": state._schedule.step,
             "weights_identical_across_ranks": bool(np.array_equal(everyone[0], everyone[1]))}
 
-
-if __name__ == "__main__":
-    hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    {"full": full, "resume": resume}[sys.argv[1]](sys.argv[2])
