@@ -28,7 +28,23 @@ from typing import Optional
 from horovod_accordion.core.backends import CollectiveOps, EagerTensorOps, Sharding
 from horovod_accordion.core.reducers import BucketReduction, split_state
 
-__all__ = ["BucketedExchange"]
+__all__ = ["END_EPOCH_BEFORE_ANY_STEP", "BucketedExchange", "check_epoch_windows", "warn_end_epoch_before_any_step"]
+
+
+END_EPOCH_BEFORE_ANY_STEP = (
+    "end_epoch() was called before any training step: there is no detection window to close, so it did "
+    "nothing. Call it at the end of each epoch, after the epoch's optimizer steps")
+
+
+def check_epoch_windows(window_steps):
+    """Refuse ``end_epoch()`` where windows are ``window_steps`` long."""
+    if window_steps is not None:
+        raise RuntimeError(f"window_steps={window_steps} closes a window every {window_steps} steps by itself; "
+                           f"end_epoch() is for window_steps=None")
+
+
+def warn_end_epoch_before_any_step():
+    warnings.warn(END_EPOCH_BEFORE_ANY_STEP, RuntimeWarning, stacklevel=4)
 
 
 class BucketedExchange:
@@ -166,15 +182,15 @@ class BucketedExchange:
             # A check would switch levels under buckets whose later phases are still to run.
             raise RuntimeError("end_epoch() was called between backward and the optimizer step, while this "
                                "step's gradients are being exchanged: call it after optimizer.step()")
+        if self.accordion.step == 0:  # the same on every rank: steps are collective
+            warn_end_epoch_before_any_step()
+            return
         self.end_window()
 
     def check_epoch_windows(self):
         """Refuse ``end_epoch()`` where windows are ``window_steps`` long; an adapter that runs
         steps' bookkeeping before it (TF's ``step_end``) asks first, before any collective."""
-        window_steps = self.accordion.window_steps
-        if window_steps is not None:
-            raise RuntimeError(f"window_steps={window_steps} closes a window every {window_steps} steps by itself; "
-                               f"end_epoch() is for window_steps=None")
+        check_epoch_windows(self.accordion.window_steps)
 
     def end_window(self):
         """Close a window: at a check, reduce each layer's squared norm of its Δ over ranks (see
@@ -184,10 +200,11 @@ class BucketedExchange:
         accordion, tensors, collectives, reducer = self.accordion, self.tensors, self.collectives, self.reducer
         empty = accordion.window_empties_delta
         # Sharded, the non-finite shards are counted over the world at a check, before the check
-        # takes its bytes: a checkpoint between two checks then leaves no bytes pending.
+        # takes its bytes: a checkpoint between two checks then leaves no bytes pending. A policy
+        # that reads no norms has no checks: its every window counts them.
         world_counts = self._non_finite_over_the_world() \
-            if accordion.window_is_check and self.non_finite_counts is not None and self.world is not collectives \
-            else None
+            if self.non_finite_counts is not None and self.world is not collectives \
+            and (accordion.window_is_check or not accordion.policy.reads_norms) else None
         if accordion.window_is_check:
             accumulated = self.accumulated
             # Each rank's own errors, before anything averages Δ: the table is averaged instead.

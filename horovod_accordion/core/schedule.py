@@ -138,7 +138,7 @@ class Accordion:
         self.step += 1
         self.micro_batches_accumulated += micro_batches
         if self.step == NO_WINDOW_WARNING_STEPS and self.window_steps is None:
-            warn_if_no_window_closed(self, "end_epoch() (on the optimizer, the DDP state or the TF state) "
+            warn_if_no_window_closed(self, "end_epoch() (on the optimizer, the DDP or FSDP state, or the TF state) "
                                            "unless your epochs are longer than this")
         return self.window_steps is not None and self.step % self.window_steps == 0
 

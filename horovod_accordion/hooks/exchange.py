@@ -3,11 +3,10 @@
 exchange, schedule and step driver; only the parameters they hand over and the collectives differ.
 """
 
-import warnings
 
 from horovod_accordion.core.schedule import Accordion
 from horovod_accordion.core.arguments import check_real_floating, check_same_exchange_on_all_ranks
-from horovod_accordion.core.exchange import BucketedExchange
+from horovod_accordion.core.exchange import BucketedExchange, check_epoch_windows, warn_end_epoch_before_any_step
 from horovod_accordion.core.metrics import CommunicationLog
 from horovod_accordion.core.reducers import make_reducer
 from horovod_accordion.core.policies import policy_for
@@ -16,7 +15,7 @@ from horovod_accordion.torch_common.compression import PlainCompressor, compress
 from horovod_accordion.torch_common.loss_scale import LossScale
 from horovod_accordion.torch_common.tensors import summary_writer
 
-__all__ = ["END_EPOCH_BEFORE_ANY_STEP", "HookStateViews", "build_exchange", "hook_loss_scale", "schedule_options"]
+__all__ = ["HookStateViews", "build_exchange", "hook_loss_scale", "schedule_options"]
 
 
 def schedule_options(compression, policy, **options):
@@ -50,12 +49,6 @@ def build_exchange(names, params, compression, schedule_options, collectives, *,
     accordion = Accordion(names, levels, log=log, compressed_layers=reducer.compressed, **schedule_options)
     exchange = BucketedExchange(accordion, reducer, params, loss_scale, sharding=sharding)
     return exchange, StepDriver(exchange)
-
-
-END_EPOCH_BEFORE_ANY_STEP = (
-    "end_epoch() was called before any training step went through this AccordionState: there is no "
-    "detection window to close, so it did nothing. Call it at the end of each epoch, after the epoch's "
-    "optimizer steps")
 
 
 class HookStateViews:
@@ -98,20 +91,13 @@ class HookStateViews:
 
     def end_epoch(self):
         """Close an epoch-long detection window. Call it once per epoch, on every rank, after the
-        epoch's steps. Before the first step there is no window to close: it warns, on every
-        rank alike, and does nothing, as the same call does on every hook state."""
-        if self._exchange is not None:
-            self._exchange.check_epoch_windows()
-        if self._steps_averaged() == 0:
-            warnings.warn(END_EPOCH_BEFORE_ANY_STEP, RuntimeWarning, stacklevel=2)
-            return
+        epoch's steps (``BucketedExchange.end_epoch``: before the first, it warns and does nothing)."""
+        if self._exchange is None:  # DDP's state before its first step binds it
+            check_epoch_windows(self.window_steps)
+            if not (getattr(self, "_saved", None) or {}).get("iter", 0):
+                warn_end_epoch_before_any_step()
+                return
         self._bound().end_epoch()
-
-    def _steps_averaged(self):
-        """The steps of training this state has averaged, counting a resumed checkpoint's."""
-        if self._exchange is not None:
-            return self._exchange.accordion.step
-        return (getattr(self, "_saved", None) or {}).get("iter", 0)
 
     def accordion_stats(self):
         """Bytes sent per step, every check's levels, ratios and norms, and the levels now."""

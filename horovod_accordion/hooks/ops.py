@@ -22,9 +22,9 @@ __all__ = ["DistributedCollectives"]
 # freeing a tensor that Python made takes the GIL. A worker that gets there after the interpreter
 # has begun to finalize is ended inside a destructor, and the process aborts ("terminate called
 # without an active exception", pytorch/pytorch#38228, #190489), after training has finished, with
-# Accordion's hook and with plain DDP alike (the CHANGELOG has how often). So at exit,
-# while the interpreter is whole, the GIL is handed over long enough for the workers to finish:
-# registered on import, so that a baseline run without the hook has it too.
+# Accordion's hook and with plain DDP alike. So at exit, while the interpreter is whole, the GIL
+# is handed over long enough for the workers to finish: registered on import, so that a baseline
+# run without the hook has it too.
 atexit.register(time.sleep, 0.1)
 
 

@@ -545,7 +545,7 @@ def check_end_epoch_before_any_step_warns_in_the_same_words_bound_or_not():
     same call after a step closes a window."""
     import warnings
 
-    from horovod_accordion.hooks.exchange import END_EPOCH_BEFORE_ANY_STEP
+    from horovod_accordion.core.exchange import END_EPOCH_BEFORE_ANY_STEP
 
     said = []
     for bound in (False, True):

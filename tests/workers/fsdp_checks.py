@@ -22,7 +22,7 @@ from horovod_accordion.advise.profile import measure_exchange, padded_shard
 from horovod_accordion.advise.variants import Variant, parse_variant
 from horovod_accordion.core.compression import kept_count
 from horovod_accordion.ddp import AccordionState as DDPAccordionState
-from horovod_accordion.fsdp import AccordionState, Compression, PowerSGD, TopK
+from horovod_accordion.fsdp import AccordionState, Compression, PhaseSchedule, PowerSGD, TopK
 from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State, horovod_import_error
 
@@ -598,7 +598,7 @@ def check_end_epoch_before_any_step_warns_as_on_ddp():
     """Issue 43: the same call was a silent no-op on FSDP; it now says what DDP's state says."""
     import warnings
 
-    from horovod_accordion.hooks.exchange import END_EPOCH_BEFORE_ANY_STEP
+    from horovod_accordion.core.exchange import END_EPOCH_BEFORE_ANY_STEP
 
     model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0), window_steps=None)
     with warnings.catch_warnings(record=True) as caught:
@@ -618,6 +618,16 @@ def check_grad_scaler_under_an_fp16_policy_skips_an_overflow_on_every_rank_and_r
     ``MixedPrecisionPolicy``. Rank 1 alone overflows at step 3: every rank skips that step (its
     parameters stay as they were), every scaler halves its scale, the replicas stay alike, and the
     overflow warning comes once, from rank 0, in FSDP's words."""
+    return overflow_under_a_grad_scaler("accordion")
+
+
+def check_a_policy_without_checks_says_so_too():
+    """The phase schedule reads no norms, so no window is a check: the overflow warning, which
+    the sharded path gives at a check, never came."""
+    return overflow_under_a_grad_scaler(PhaseSchedule(total_windows=3))
+
+
+def overflow_under_a_grad_scaler(policy):
     import warnings
 
     model = sharded(make_model(), mesh()["shard"],
@@ -625,7 +635,7 @@ def check_grad_scaler_under_an_fp16_policy_skips_an_overflow_on_every_rank_and_r
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
     state = AccordionState(mesh(), PowerSGD(2, 1, min_compression_rate=0), model=model, optimizer=optimizer,
-                           grad_scaler=scaler, window_steps=2, interval=1)
+                           grad_scaler=scaler, window_steps=2, interval=1, policy=policy)
     overflow_at, scales, skipped = 3, [], None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -663,3 +663,21 @@ def check_amp_recipe_with_grad_scaler_skips_the_overflow_on_both_ranks():
         assert all(torch.equal(a, b) for a, b in zip(snapshots[1], snapshots[2])), "step 2 was applied"
         assert not torch.equal(snapshots[3][0], snapshots[2][0]) and not torch.equal(snapshots[4][0], snapshots[3][0])
         assert_same_on_all_ranks(model)
+
+
+def check_end_epoch_before_any_step_warns_and_closes_no_window():
+    """As on the hook states: before the first step there is no window to close. It closed an
+    empty one silently."""
+    import warnings
+
+    from horovod_accordion.core.exchange import END_EPOCH_BEFORE_ANY_STEP
+
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), interval=1,
+                                         compression=Compression.powersgd(2, 1, min_compression_rate=0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimizer.end_epoch()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == [END_EPOCH_BEFORE_ANY_STEP]
+    assert optimizer._accordion.detector.windows_seen == 0
