@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -100,10 +101,13 @@ class Runs:
         return self.of_rank(0, name)
 
     def of_rank(self, rank, name):
+        # Not up to the newline: torchrun's unbuffered ranks write a line and its newline apart,
+        # and another rank's text can come between them.
         starts, position = [], 0
         for each in self.names:
-            position = self.output.find(f"[rank {rank}] training with {each}\n", position)
-            assert position >= 0, f"rank {rank} announced no run of {each}:\n" + self.output[-4000:]
+            found = re.compile(rf"\[rank {rank}\] training with {re.escape(each)}(?![\w-])").search(self.output, position)
+            assert found, f"rank {rank} announced no run of {each}:\n" + self.output[-4000:]
+            position = found.start()
             starts.append(position)
         index = self.names.index(name)
         return self.output[starts[index]:(starts + [len(self.output)])[index + 1]]
