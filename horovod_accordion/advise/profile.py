@@ -60,9 +60,14 @@ class SimulatedWorld(Collectives):
         self._send("allgather", flat)
         return Done(flat.unsqueeze(0).expand(self.workers, -1))
 
+    def start_alltoall(self, rows, name):
+        """Every rank sends this rank's rows: rank r's row for this rank is its row 0."""
+        self._send("alltoall", rows)
+        return Done(rows[:1].expand(self.workers, -1))
+
     def _send(self, kind, wire):
         size = wire.numel() * wire.element_size()
-        self.bytes_sent += size
+        self.count(kind, size)
         self.issued.append((kind, size))
 
     def take_issued(self):

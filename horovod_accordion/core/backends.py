@@ -78,6 +78,28 @@ class TensorOps(Protocol):
 
     def top_abs_indices(self, m: Tensor, k: Any) -> Tensor: ...
 
+    def level_value(self, level: Any) -> Any:
+        """The value of the level holder ``level`` as the reducer's Python code sees it."""
+
+    def padded_concat(self, tensors: List[Tensor], length: int) -> Tensor:
+        """The 1-D fp32 ``tensors`` end to end, then zeros up to ``length``."""
+
+    def reshape(self, tensor: Tensor, shape: Sequence[int]) -> Tensor:
+        """``tensor`` in ``shape``, its dtype kept."""
+
+    def part(self, flat: Tensor, first: int, last: int) -> Tensor:
+        """``flat[first:last]``; of a state, a part that ``assign_if_finite`` writes into the state."""
+
+    def quantize(self, rows: Tensor, bits: int, block: int) -> Tuple[Tensor, Tensor]:
+        """``(wire, sent)``: each fp32 row (whole blocks) as packed ``bits``-bit codes and fp32
+        scales (uint8, one row per row), and the fp32 values they stand for (``Quantized``)."""
+
+    def dequantize(self, wire: Tensor, bits: int, block: int) -> Tensor:
+        """``quantize``'s values (fp32 rows) from its wire."""
+
+    def mean_of_rows(self, rows: Tensor) -> Tensor:
+        """The rows' mean, summed in row order."""
+
     def gather(self, m: Tensor, indices: Tensor) -> Tensor: ...
 
     def zeroed_at(self, m: Tensor, indices: Tensor) -> Tensor: ...
@@ -195,12 +217,19 @@ class CollectiveOps(Protocol):
     def start_allgather(self, flat: Tensor, name: str) -> Pending:
         """Start gathering every rank's 1-D ``flat``: the result has shape (size, len)."""
 
+    def start_alltoall(self, rows: Tensor, name: str) -> Pending:
+        """Start sending row j of ``rows`` (shape (size, k)) to rank j: the result has shape
+        (size, k), row r from rank r."""
+
     def start_allreduce_means(self, tensors: List[Tensor], name: str, compression: Any = None) -> Pending: ...
 
     def allreduce_means(self, tensors: List[Tensor], name: str, compression: Any = None) -> List[Tensor]: ...
 
     def take_bytes_sent(self) -> int:
-        """The bytes sent since the last call."""
+        """The bytes handed to collectives since the last call."""
+
+    def take_wire_bytes_sent(self) -> int:
+        """The bytes that crossed this rank's link since the last call (``collectives.wire_share``)."""
 
     def agree_max(self, value: float, name: str) -> float:
         """The largest ``value`` over ranks, on every rank: blocking, on the host (it reads no

@@ -7,17 +7,26 @@ Each backend supplies the collectives of one flat tensor (``start_allreduce_mean
 ``powerSGD_hook`` buckets them, is written here once. Imports no framework.
 """
 
-__all__ = ["Collectives", "Done"]
+__all__ = ["Collectives", "Done", "wire_share"]
+
+
+def wire_share(collective, size):
+    """How many times its buffer a collective carries over each rank's link, on ``size`` ranks:
+    a ring allreduce sends 2(W − 1)/W of it, an all-gather the W − 1 other ranks' buffers (each
+    rank hands over its own), an all-to-all the (W − 1)/W of it that is for other ranks."""
+    return {"allreduce": 2 * (size - 1) / size, "allgather": size - 1, "alltoall": (size - 1) / size}[collective]
 
 
 class Collectives:
     """Args:
         tensors: the backend's tensor maths, whose flat buffers the collectives send.
 
-    A backend adds ``size()``, ``rank()``, ``start_allreduce_mean(flat, name, compression)``
-    and ``start_allgather(flat, name)``; each started collective's ``wait()`` gives its result,
-    and each adds the bytes this rank sends to ``bytes_sent``. ``flat`` is the collective's to
-    overwrite: averaging it in place spares the split of a packed buffer (``pack_products``).
+    A backend adds ``size()``, ``rank()``, ``start_allreduce_mean(flat, name, compression)``,
+    ``start_allgather(flat, name)`` and ``start_alltoall(rows, name)``; each started
+    collective's ``wait()`` gives its result, and each ``count``s what it hands over: the bytes
+    this rank hands to the collective (``bytes_sent``) and those that cross its link
+    (``wire_bytes_sent``). ``flat`` is the collective's to overwrite: averaging it in place
+    spares the split of a packed buffer (``pack_products``).
     """
 
     name_prefix = None  # Horovod matches collectives by name (``arguments.collective_prefix``)
@@ -25,6 +34,12 @@ class Collectives:
     def __init__(self, tensors):
         self.tensors = tensors
         self.bytes_sent = 0
+        self.wire_bytes_sent = 0
+
+    def count(self, collective, handed):
+        """Count a collective (``wire_share``'s names) to which this rank hands ``handed`` bytes."""
+        self.bytes_sent += handed
+        self.wire_bytes_sent += wire_share(collective, int(self.size())) * handed
 
     def start_allreduce_means(self, tensors, name, compression=None):
         """Start averaging each of ``tensors`` over ranks with one allreduce per wire dtype,
@@ -49,15 +64,20 @@ class Collectives:
     def agree_max(self, value, name):
         """The largest ``value`` over ranks, by the backend's allgather, which may be a device's:
         the real backends agree on the host instead."""
-        counted = self.bytes_sent
+        counted = self.bytes_sent, self.wire_bytes_sent
         gathered = self.start_allgather(self.tensors.from_floats([value]), name).wait()
-        self.bytes_sent = counted
+        self.bytes_sent, self.wire_bytes_sent = counted
         return max(self.tensors.to_floats(gathered.reshape(-1)))
 
     def take_bytes_sent(self):
-        """The bytes sent since the last call."""
+        """The bytes handed to collectives since the last call (see ``take_wire_bytes_sent``)."""
         sent, self.bytes_sent = self.bytes_sent, 0
         return sent
+
+    def take_wire_bytes_sent(self):
+        """The bytes that crossed this rank's link since the last call, by ``wire_share``."""
+        sent, self.wire_bytes_sent = self.wire_bytes_sent, 0
+        return round(sent)
 
 
 class Done:

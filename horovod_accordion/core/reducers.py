@@ -1,4 +1,4 @@
-"""PowerSGD, TopK and dense reducers, written once for every framework.
+"""PowerSGD, TopK, quantized and dense reducers, written once for every framework.
 
 A reducer averages a list of gradients over ranks at each layer's current level. The
 maths live here; the framework adapters supply two backends, so torch and TensorFlow run the
@@ -14,10 +14,11 @@ import numpy as np
 
 from horovod_accordion.core.arguments import under_elastic
 from horovod_accordion.core.backends import CollectiveOps, TensorOps
-from horovod_accordion.core.compression import (PowerSGD, TopK, clamped_rank, index_bytes, index_dtype, is_matrix,
-                                           kept_count, packed_index_words, powersgd_compresses, sparse_is_cheaper)
+from horovod_accordion.core.compression import (PowerSGD, Quantized, TopK, chunk_pieces, clamped_rank, index_bytes,
+                                                index_dtype, is_matrix, kept_count, packed_index_words, padded_length,
+                                                powersgd_compresses, quantized_bytes, sparse_is_cheaper)
 
-__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "TopKReducer", "initial_query", "make_reducer",
+__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "QuantizedReducer", "TopKReducer", "initial_query", "make_reducer",
            "query_stream", "split_state", "warn_if_nothing_is_compressed"]
 
 
@@ -26,16 +27,16 @@ def make_reducer(compression, shapes, tensors: TensorOps, collectives: Collectiv
     ``collectives``; ``plain_compressor`` is the base class of the framework's plain compressors
     (none, fp16): Horovod's ``Compressor``, or ``torch_common.compression.PlainCompressor`` where there
     is no Horovod (DDP, the advisor)."""
-    if isinstance(compression, (PowerSGD, TopK)):
-        reducer_class = PowerSGDReducer if isinstance(compression, PowerSGD) else TopKReducer
-        reducer = reducer_class(shapes, compression, tensors, collectives)
+    reducer_classes = {PowerSGD: PowerSGDReducer, TopK: TopKReducer, Quantized: QuantizedReducer}
+    if type(compression) in reducer_classes:
+        reducer = reducer_classes[type(compression)](shapes, compression, tensors, collectives)
         warn_if_nothing_is_compressed(compression, shapes, reducer.compressed)
         return reducer, compression.levels
     if plain_compressor is not None and isinstance(compression, type) and issubclass(compression, plain_compressor):
         return DenseReducer(shapes, compression, tensors, collectives), (None, None)
     raise ValueError(
-        f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...) or "
-        f"Compression.topk(...), got {compression!r}")
+        f"compression must be Compression.none, Compression.fp16, Compression.powersgd(...), "
+        f"Compression.topk(...) or Compression.quantized(...), got {compression!r}")
 
 
 def warn_if_nothing_is_compressed(compression, shapes, compressed):
@@ -422,3 +423,132 @@ class TopKReducer(_Reducer):
 
     def state(self):
         return {"residual": self.residual, "fractions": self.fractions}
+
+
+class QuantizedReducer(_Reducer):
+    """Blockwise quantization (``Quantized``), exchanged in two shots, with error feedback at both.
+
+    Per step, for the layers of a bucket at the same bits b (every layer is quantized, 1-D ones
+    too), on W ranks, rank r::
+
+        M = grad + memory                          each rank's error feedback
+        x = M of every layer, end to end, zero-padded to W equal chunks of whole blocks
+        memory = M − Q_b(x);   all-to-all(Q_b(x))  chunk j goes to rank j, its owner
+        A = Σ_w deQ(chunk r from rank w) / W + owner_memory      the owner's error feedback
+        owner_memory = A − Q_b(A);  all-gather(Q_b(A))
+        out = every owner's deQ(Q_b(A)), end to end
+
+    Q_b is round-to-nearest to −L … L (L = 2^(b−1) − 1) under one fp32 scale per block,
+    absmax ÷ L, computed in fp32. Two collectives per bucket and level in force. The sum is
+    taken over the ranks in order, so every rank's result, and a float64 reference that rounds
+    to fp32 where the state and the wire are fp32, agree bit for bit.
+
+    A layer whose output is not finite this step (an fp16 overflow under AMP, on any rank)
+    keeps both memories as they were, and its non-finite output reaches the ``GradScaler``.
+
+    State, one entry per layer, each the layer's size in fp32:
+    - ``memory``: this rank's M − Q_b(M);
+    - ``owner_memory``: the error of the second quantization, at the entries of the chunks this
+      rank owns (zero elsewhere); a chunk's layout follows the bucket, so a layer keeps its owner
+      while the buckets and levels do;
+    - ``bits``: each layer's bits now.
+    Both memories are each rank's own (``per_rank``): a broadcast must not overwrite them.
+    """
+
+    per_rank = ("memory", "owner_memory")
+
+    def __init__(self, shapes, config, tensors, collectives):
+        super().__init__(shapes, config, tensors, collectives)
+        self.numels = {i: int(np.prod(s)) for i, s in enumerate(self.shapes)}
+        self.compressed = [i for i, numel in self.numels.items() if numel > 0]
+        self.memory, self.owner_memory, self.bits = {}, {}, {}
+        for i in self.compressed:
+            self.memory[i] = tensors.state(np.zeros(self.numels[i]), f"quantized_memory_{i}")
+            self.owner_memory[i] = tensors.state(np.zeros(self.numels[i]), f"quantized_owner_memory_{i}")
+            self.bits[i] = tensors.level(config.low_bits, f"quantized_bits_{i}")
+
+    def set_levels(self, levels):
+        for i in self.compressed:
+            self.tensors.set_level(self.bits[i], levels[i])
+
+    def level_costs(self, ladder):
+        """Each layer's bytes at each bits of ``ladder``: its quantized values and scales, which
+        the two shots carry 2(W − 1)/W× over each rank's link, as a ring allreduce carries fp32."""
+        block = self.config.block_size
+        return {i: [quantized_bytes(padded_length(self.numels[i], 1, block), bits, block) for bits in ladder]
+                for i in self.compressed}
+
+    def approximation_errors(self, accumulated, ladder):
+        """‖Δ − Q_b(Δ)‖² of each layer at each bits of ``ladder``: one quantization of this
+        rank's window gradient Δ. One fp64 vector, layer-major; ``None`` with no layer."""
+        tensors, block, residuals = self.tensors, self.config.block_size, []
+        for i in self.compressed:
+            delta = tensors.as_matrix(accumulated[i], (-1,))
+            blocks = tensors.padded_concat([delta], padded_length(self.numels[i], 1, block))
+            for bits in ladder:
+                _, sent = tensors.quantize(tensors.reshape(blocks, (1, -1)), bits, block)
+                residuals.append(blocks - tensors.reshape(sent, (-1,)))
+        return tensors.squared_norms(residuals) if residuals else None
+
+    def phases(self, layers, grads, name):
+        by_bits = {}
+        for i, grad in zip(layers, grads):
+            if i in self.bits:
+                by_bits.setdefault(self.tensors.level_value(self.bits[i]), []).append((i, grad))
+        outputs = {i: grad for i, grad in zip(layers, grads) if i not in self.bits}  # empty layers
+        # One exchange per level in force, their phases interleaved, so each collective is in flight
+        # while the next exchange's maths run.
+        exchanges = [self._two_shot(members, bits, f"{name}.{bits}") for bits, members in sorted(by_bits.items())]
+        for _ in range(2):
+            for exchange in exchanges:
+                next(exchange)
+            yield
+        for exchange in exchanges:
+            try:
+                next(exchange)
+            except StopIteration as done:
+                outputs.update(done.value)
+        return outputs
+
+    def _two_shot(self, members, bits, name):
+        tensors, collectives, block = self.tensors, self.collectives, self.config.block_size
+        feedback = self.config.use_error_feedback
+        size, rank = int(collectives.size()), int(collectives.rank())
+        sizes = [self.numels[i] for i, _ in members]
+        chunk = padded_length(sum(sizes), size, block) // size
+        ms = [tensors.as_matrix(grad, (-1,)) for _, grad in members]
+        if feedback:
+            ms = [m + tensors.read(self.memory[i]) for (i, _), m in zip(members, ms)]
+        x = tensors.padded_concat(ms, chunk * size)
+        wire, sent = tensors.quantize(tensors.reshape(x, (size, chunk)), bits, block)
+        pending = collectives.start_alltoall(wire, f"quantized.alltoall{name}")
+        yield
+        received = tensors.dequantize(pending.wait(), bits, block)
+        owned = chunk_pieces(sizes, rank * chunk, (rank + 1) * chunk)
+        a = tensors.mean_of_rows(received)
+        if feedback and owned:
+            a = a + tensors.padded_concat([tensors.part(self.owner_memory[members[k][0]], first, last)
+                                           for k, first, last in owned], chunk)
+        wire, sent_average = tensors.quantize(tensors.reshape(a, (1, chunk)), bits, block)
+        pending = collectives.start_allgather(tensors.reshape(wire, (-1,)), f"quantized.allgather{name}")
+        yield
+        gathered = tensors.dequantize(tensors.reshape(pending.wait(), (size, -1)), bits, block)
+        out = tensors.reshape(gathered, (-1,))
+        outputs, offset = {}, 0
+        for (i, grad), m, numel in zip(members, ms, sizes):
+            outputs[i] = tensors.part(out, offset, offset + numel)
+            if feedback:
+                sent_part = tensors.part(tensors.reshape(sent, (-1,)), offset, offset + numel)
+                tensors.assign_if_finite(self.memory[i], m - sent_part, also=outputs[i])
+            offset += numel
+        if feedback:
+            rest, offset = a - tensors.reshape(sent_average, (-1,)), 0
+            for k, first, last in owned:
+                i = members[k][0]
+                tensors.assign_if_finite(tensors.part(self.owner_memory[i], first, last),
+                                         tensors.part(rest, offset, offset + last - first), also=outputs[i])
+                offset += last - first
+        return {i: tensors.like(outputs[i], grad) for i, grad in members}
+
+    def state(self):
+        return {"memory": self.memory, "owner_memory": self.owner_memory, "bits": self.bits}

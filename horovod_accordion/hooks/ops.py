@@ -70,16 +70,24 @@ class DistributedCollectives(Collectives):
         divide_first = wire.dtype == torch.float16
         if divide_first:
             wire.div_(self.size())
-        self.bytes_sent += wire.numel() * wire.element_size()
+        self.count("allreduce", wire.numel() * wire.element_size())
         work = dist.all_reduce(wire, group=self.process_group, async_op=True)
         return _Pending(work, lambda: compression.decompress(wire if divide_first else wire.div_(self.size()), ctx))
 
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len); Gloo gathers into a list."""
-        self.bytes_sent += flat.numel() * flat.element_size()
+        self.count("allgather", flat.numel() * flat.element_size())
         gathered = [torch.empty_like(flat) for _ in range(self.size())]
         work = dist.all_gather(gathered, flat, group=self.process_group, async_op=True)
         return _Pending(work, lambda: torch.stack(gathered))
+
+    def start_alltoall(self, rows, name):
+        """Row j of ``rows`` (one per rank) to rank j; ``wait()`` gives the rows received, row r
+        from rank r."""
+        self.count("alltoall", rows.numel() * rows.element_size())
+        received = torch.empty_like(rows)
+        work = dist.all_to_all_single(received, rows.contiguous(), group=self.process_group, async_op=True)
+        return _Pending(work, lambda: received)
 
     # The cross-rank checks, blocking.
     def broadcast_object(self, value):

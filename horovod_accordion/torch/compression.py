@@ -2,7 +2,7 @@
 
 ``Compression.none`` and ``Compression.fp16`` are Horovod compressors (``Compressor``
 subclasses): they work with stock ``hvd.DistributedOptimizer(compression=...)`` too.
-``Compression.powersgd`` and ``Compression.topk`` describe switchable compressors for
+``Compression.powersgd``, ``.topk`` and ``.quantized`` describe switchable compressors for
 Accordion. The maths are ``horovod_accordion.torch_common.compression``'s, which the DDP hook shares.
 """
 
@@ -32,6 +32,9 @@ class Compression(torch_compression.Compression):
             ``horovod_accordion.core.reducers``.
         topk: ``Compression.topk(low_fraction, high_fraction=None)``: the largest ``low_fraction`` of
             each layer's gradient in critical regimes, ``high_fraction`` elsewhere, with error feedback.
+        quantized: ``Compression.quantized(low_bits, high_bits=None, block_size=64)``: blockwise
+            integer quantization, exchanged in two shots (an all-to-all and an all-gather) with
+            error feedback at both quantizations.
     """
 
     none = NoneCompressor

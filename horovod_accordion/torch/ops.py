@@ -58,7 +58,7 @@ class TorchCollectives(HorovodProcessSetCollectives):
         """Start Horovod's asynchronous allreduce; the result's ``wait()`` gives the average."""
         compression = compression or NoneCompressor
         wire, ctx = compression.compress(flat)
-        self.bytes_sent += wire.numel() * wire.element_size()
+        self.count("allreduce", wire.numel() * wire.element_size())
         # Pre/post-scaling splits the average, as Horovod's optimizer does, so that fp16
         # sums of many workers do not overflow (horovod#1699).
         # In place, as Horovod's optimizer does: ``flat`` is ours to overwrite (``flat_concat``).
@@ -69,15 +69,22 @@ class TorchCollectives(HorovodProcessSetCollectives):
 
     def start_allgather(self, flat, name):
         """Start gathering every rank's 1-D ``flat``; ``wait()`` gives them as shape (size, len)."""
-        self.bytes_sent += flat.numel() * flat.element_size()
+        self.count("allgather", flat.numel() * flat.element_size())
         handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Pending(handle, lambda gathered: gathered.view(self.size(), -1), flat.device.type == "cpu")
+
+    def start_alltoall(self, rows, name):
+        """Start sending row j of ``rows`` (one per rank) to rank j; ``wait()`` gives the rows
+        received, row r from rank r."""
+        self.count("alltoall", rows.numel() * rows.element_size())
+        handle = hvd.alltoall_async(rows, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
+        return _Pending(handle, lambda received: received[0].view(rows.shape), rows.device.type == "cpu")
 
     def start_sparse_allreduce(self, grad, name, op):
         """Horovod's sparse allreduce of a sparse gradient (an allgather of its indices and values),
         as Horovod's optimizer makes it for ``sparse_as_dense=False``; ``wait()`` gives the
         aggregate, sparse, averaged or summed by ``op``."""
         grad = grad.coalesce()
-        self.bytes_sent += sum(t.numel() * t.element_size() for t in (grad.indices(), grad.values()))
+        self.count("allgather", sum(t.numel() * t.element_size() for t in (grad.indices(), grad.values())))
         return _Pending(hvd.sparse_allreduce_async(grad, name=f"{self.name_prefix}.{name}", op=op,
                                                    process_set=self.process_set), lambda aggregate: aggregate, False)

@@ -5,12 +5,12 @@ and of the DDP hook (``horovod_accordion.ddp``).
 ``compress`` gives the tensor that goes on the wire and what restores it, ``decompress``
 restores it. They import no Horovod, so the DDP hook and the advisor's profile send with them
 where Horovod is not built; ``horovod_accordion.torch`` adds Horovod's ``Compressor`` base to
-them. ``powersgd`` and ``topk`` describe Accordion's switchable compressors.
+them. ``powersgd``, ``topk`` and ``quantized`` describe Accordion's switchable compressors.
 """
 
 import torch
 
-from horovod_accordion.core.compression import PowerSGD, TopK, cast_compressor
+from horovod_accordion.core.compression import PowerSGD, Quantized, TopK, cast_compressor
 
 __all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor", "check_hook_compression",
            "compression_levels", "is_plain"]
@@ -32,9 +32,9 @@ def compression_levels(compression):
 
 def check_hook_compression(compression):
     """The compressions a torch.distributed hook (DDP's, FSDP's) takes, or a ``ValueError``."""
-    if not (isinstance(compression, (PowerSGD, TopK)) or is_plain(compression)):
-        raise ValueError(f"compression must be Compression.none, Compression.fp16, PowerSGD(low_rank, high_rank) "
-                         f"or TopK(low_fraction, high_fraction), got {compression!r}")
+    if not (isinstance(compression, (PowerSGD, TopK, Quantized)) or is_plain(compression)):
+        raise ValueError(f"compression must be Compression.none, Compression.fp16, PowerSGD(low_rank, high_rank), "
+                         f"TopK(low_fraction, high_fraction) or Quantized(low_bits, high_bits), got {compression!r}")
 
 
 class NoneCompressor(PlainCompressor):
@@ -70,6 +70,7 @@ class Compression:
     fp16 = FP16Compressor
     powersgd = PowerSGD
     topk = TopK
+    quantized = Quantized
 
     @classmethod
     def cast(cls, dtype):

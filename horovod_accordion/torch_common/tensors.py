@@ -41,6 +41,34 @@ def _on_cpu(tensor):
     return tensor.device.type == "cpu"
 
 
+def _pack(unsigned, bits):
+    """Codes below 2^bits, each row's packed into bytes: 8/bits to a byte where bits divides 8,
+    else as ``bits`` bit planes of each 8 codes (``bits`` bytes per 8 codes either way)."""
+    rows = unsigned.shape[0]
+    if bits == 8:
+        return unsigned
+    if 8 % bits == 0:
+        per_byte = 8 // bits
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=unsigned.device)
+        return (unsigned.reshape(rows, -1, per_byte) << shifts).sum(dim=2, dtype=torch.uint8)
+    planes = (unsigned.reshape(rows, -1, 8, 1) >> torch.arange(bits, dtype=torch.uint8, device=unsigned.device)) & 1
+    weights = torch.arange(8, dtype=torch.uint8, device=unsigned.device).reshape(8, 1)
+    return (planes << weights).sum(dim=2, dtype=torch.uint8).reshape(rows, -1)
+
+
+def _unpack(packed, bits):
+    """``_pack``'s codes, as uint8."""
+    rows = packed.shape[0]
+    if bits == 8:
+        return packed
+    if 8 % bits == 0:
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+        return ((packed.reshape(rows, -1, 1) >> shifts) & (2 ** bits - 1)).reshape(rows, -1)
+    planes = (packed.reshape(rows, -1, 1, bits) >> torch.arange(8, dtype=torch.uint8, device=packed.device).reshape(8, 1)) & 1
+    weights = torch.arange(bits, dtype=torch.uint8, device=packed.device)
+    return (planes << weights).sum(dim=3, dtype=torch.uint8).reshape(rows, -1)
+
+
 class Level:
     """A value that a step reads and the bookkeeping between steps sets, shared by reference: a
     layer's level (rank or kept fraction), its count of random Qs, whether the window adds to Δ.
@@ -208,6 +236,54 @@ class TorchTensorOps:
         """Run ``action`` if the level holder ``flag`` is true."""
         if flag.value:
             action()
+
+    # Quantization (``QuantizedReducer``).
+    def level_value(self, level):
+        return level.value
+
+    def padded_concat(self, tensors, length):
+        """The 1-D fp32 ``tensors`` end to end, then zeros up to ``length``."""
+        flat = torch.zeros(length, dtype=torch.float32, device=self.device)
+        torch.cat(tensors, out=flat[:sum(t.numel() for t in tensors)])
+        return flat
+
+    def reshape(self, tensor, shape):
+        return tensor.reshape(shape)
+
+    def part(self, flat, first, last):
+        """``flat[first:last]``, a view: assigning to it writes ``flat``."""
+        return flat[first:last]
+
+    def quantize(self, rows, bits, block):
+        """Each row of fp32 ``rows`` (whole blocks) as ``bits``-bit codes packed into bytes, then
+        its fp32 scales' bytes: ``(wire, sent)``, ``wire`` uint8 with one row per row, ``sent``
+        the values it stands for. The ops are IEEE fp32 ones in a fixed order (no fused
+        multiply-add), so ``tests/quantized_reference.py`` reproduces them exactly."""
+        levels = 2 ** (bits - 1) - 1
+        blocks = rows.reshape(rows.shape[0], -1, block)
+        scales = blocks.abs().amax(dim=2, keepdim=True) / levels
+        # A zero block has a zero scale and zero codes; a non-finite one a non-finite scale,
+        # which dequantizes the whole block to NaN, so that the step is seen as one to skip.
+        divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+        codes = torch.round(blocks / divisor).clamp_(-levels, levels)
+        sent = (codes * scales).reshape(rows.shape)
+        unsigned = (codes + levels).to(torch.uint8).reshape(rows.shape[0], -1)
+        wire = torch.cat([_pack(unsigned, bits), scales.reshape(rows.shape[0], -1).view(torch.uint8)], dim=1)
+        return wire, sent
+
+    def dequantize(self, wire, bits, block):
+        """``quantize``'s values from its ``wire``."""
+        values = wire.shape[1] * 8 * block // (bits * block + 32)
+        codes = _unpack(wire[:, :values * bits // 8], bits).to(torch.float32) - (2 ** (bits - 1) - 1)
+        scales = wire[:, values * bits // 8:].contiguous().view(torch.float32)
+        return (codes.reshape(wire.shape[0], -1, block) * scales.unsqueeze(2)).reshape(wire.shape[0], values)
+
+    def mean_of_rows(self, rows):
+        """The rows' mean, summed in row order (rank order): the same on every rank and machine."""
+        total = rows[0]
+        for row in rows[1:]:
+            total = total + row
+        return total / rows.shape[0]
 
     # Branches of the TopK wire format: plain Python here, tf.cond in TensorFlow.
     def cond(self, flag, if_true, if_false):
