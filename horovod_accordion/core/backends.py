@@ -81,8 +81,11 @@ class TensorOps(Protocol):
     def level_value(self, level: Any) -> Any:
         """The value of the level holder ``level`` as the reducer's Python code sees it."""
 
-    def padded_concat(self, tensors: List[Tensor], length: int) -> Tensor:
-        """The 1-D fp32 ``tensors`` end to end, then zeros up to ``length``."""
+    def as_columns(self, tensors: List[Tensor], widths: List[int], rows: int) -> Tensor:
+        """(``rows``, Σ ``widths``) fp32: each 1-D tensor, zero-padded to ``rows`` × its width, in its columns."""
+
+    def placed(self, pieces: List[Tuple[int, Tensor]], length: int) -> Tensor:
+        """Zeros of ``length`` in fp32, with each 1-D tensor of ``pieces`` (``(offset, tensor)``) at its offset."""
 
     def reshape(self, tensor: Tensor, shape: Sequence[int]) -> Tensor:
         """``tensor`` in ``shape``, its dtype kept."""
@@ -96,6 +99,9 @@ class TensorOps(Protocol):
 
     def dequantize(self, wire: Tensor, bits: int, block: int) -> Tensor:
         """``quantize``'s values (fp32 rows) from its wire."""
+
+    def move_outside(self, source: Tensor, target: Tensor, first: int, last: int, factor: Any) -> None:
+        """``target += factor · source`` outside ``first:last``, where the state ``source`` becomes 0."""
 
     def mean_of_rows(self, rows: Tensor) -> Tensor:
         """The rows' mean, summed in row order."""

@@ -11,7 +11,7 @@ configuration raises before any collective is started.
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerSGD", "Quantized", "TopK", "chunk_pieces", "padded_length", "quantized_bytes", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
+__all__ = ["PowerSGD", "Quantized", "TopK", "padded_length", "quantized_bytes", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
            "index_dtype", "index_bytes", "packed_index_words", "sparse_is_cheaper"]
 
 
@@ -109,12 +109,13 @@ class TopK:
 class Quantized:
     """Blockwise integer quantization, exchanged in two shots, with error feedback at both.
 
-    Each rank adds its error memory to its gradient and quantizes it, block by block, to
+    Each rank adds its error memory to its gradient and quantizes it, block by block (no block
+    holds two layers), to
     ``bits``-bit symmetric integers (−L … L, L = 2^(bits−1) − 1) under one fp32 scale per
-    ``block_size`` values (the block's largest magnitude ÷ L), rounding to nearest. An
-    all-to-all sends chunk j to rank j, its owner; the owner dequantizes the W copies of its
-    chunk, averages them, adds its own memory of that chunk and quantizes again; an all-gather
-    returns every chunk. Each value is quantized twice whatever the world size, and each rank's
+    ``block_size`` values (the block's largest magnitude ÷ L), rounding to nearest. Each layer
+    is cut into W parts of whole blocks; an all-to-all sends every layer's part j to rank j, its
+    owner; the owner dequantizes the W copies of its parts, averages them, adds its own memory
+    of them and quantizes again; an all-gather returns every part. Each value is quantized twice whatever the world size, and each rank's
     link carries 2(W − 1)/W of the quantized buffer, as a ring allreduce carries fp32.
 
     Rounding to nearest rather than stochastically: error feedback sends each rounding error at
@@ -162,8 +163,8 @@ class Quantized:
 
 
 def padded_length(count, size, block):
-    """The length a quantized buffer of ``count`` values is padded to (with zeros): whole
-    blocks, the same number for each of the ``size`` ranks' chunks."""
+    """The length a layer of ``count`` values is padded to (with zeros) for ``size`` ranks: the
+    same whole number of blocks for each rank."""
     whole = size * block
     return -(-count // whole) * whole
 
@@ -171,18 +172,6 @@ def padded_length(count, size, block):
 def quantized_bytes(count, bits, block):
     """The bytes of ``count`` values (whole blocks) quantized to ``bits``, with their fp32 scales."""
     return count * bits // 8 + 4 * (count // block)
-
-
-def chunk_pieces(sizes, start, stop):
-    """The parts of the layers of ``sizes``, laid end to end, that fall in ``[start, stop)``:
-    ``(layer position, first, last)`` triples; padding past the layers has none."""
-    pieces, offset = [], 0
-    for position, size in enumerate(sizes):
-        first, last = max(start, offset), min(stop, offset + size)
-        if first < last:
-            pieces.append((position, first - offset, last - offset))
-        offset += size
-    return pieces
 
 
 def _check_ladder(config, level, low, high):

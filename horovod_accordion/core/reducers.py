@@ -14,7 +14,7 @@ import numpy as np
 
 from horovod_accordion.core.arguments import under_elastic
 from horovod_accordion.core.backends import CollectiveOps, TensorOps
-from horovod_accordion.core.compression import (PowerSGD, Quantized, TopK, chunk_pieces, clamped_rank, index_bytes,
+from horovod_accordion.core.compression import (PowerSGD, Quantized, TopK, clamped_rank, index_bytes,
                                                 index_dtype, is_matrix, kept_count, packed_index_words, padded_length,
                                                 powersgd_compresses, quantized_bytes, sparse_is_cheaper)
 
@@ -432,8 +432,9 @@ class QuantizedReducer(_Reducer):
     too), on W ranks, rank r::
 
         M = grad + memory                          each rank's error feedback
-        x = M of every layer, end to end, zero-padded to W equal chunks of whole blocks
-        memory = M − Q_b(x);   all-to-all(Q_b(x))  chunk j goes to rank j, its owner
+        x = each layer's M, zero-padded to W equal parts of whole blocks; row j of x (W rows)
+            holds part j of every layer
+        memory = M − Q_b(x);   all-to-all(Q_b(x))  row j goes to rank j, the owner of the parts j
         A = Σ_w deQ(chunk r from rank w) / W + owner_memory      the owner's error feedback
         owner_memory = A − Q_b(A);  all-gather(Q_b(A))
         out = every owner's deQ(Q_b(A)), end to end
@@ -441,16 +442,22 @@ class QuantizedReducer(_Reducer):
     Q_b is round-to-nearest to −L … L (L = 2^(b−1) − 1) under one fp32 scale per block,
     absmax ÷ L, computed in fp32. Two collectives per bucket and level in force. The sum is
     taken over the ranks in order, so every rank's result, and a float64 reference that rounds
-    to fp32 where the state and the wire are fp32, agree bit for bit.
+    to fp32 where the state and the wire are fp32, agree bit for bit. No block holds two layers
+    (a small layer's values would round to zero under a large one's scale, and one layer's
+    overflow would spoil the other), and who owns an entry depends on its layer and W alone, not
+    on the bucket or the levels, so a checkpoint resumes bitwise whatever DDP's buckets were.
+    Padding each layer to W blocks costs up to W·block values per layer on the wire.
 
     A layer whose output is not finite this step (an fp16 overflow under AMP, on any rank)
     keeps both memories as they were, and its non-finite output reaches the ``GradScaler``.
 
     State, one entry per layer, each the layer's size in fp32:
     - ``memory``: this rank's M − Q_b(M);
-    - ``owner_memory``: the error of the second quantization, at the entries of the chunks this
-      rank owns (zero elsewhere); a chunk's layout follows the bucket, so a layer keeps its owner
-      while the buckets and levels do;
+    - ``owner_memory``: the error of the second quantization, at the entries this rank owns
+      (zero elsewhere). Where the world size changes (elastic), so does who owns what: a rank
+      then moves what it no longer owns into its own memory, times W, which the next step's
+      average divides by W again, so no error is lost (Σ out = Σ average − mean_r memory_r −
+      Σ_r owner_memory_r holds across the move);
     - ``bits``: each layer's bits now.
     Both memories are each rank's own (``per_rank``): a broadcast must not overwrite them.
     """
@@ -466,16 +473,17 @@ class QuantizedReducer(_Reducer):
             self.memory[i] = tensors.state(np.zeros(self.numels[i]), f"quantized_memory_{i}")
             self.owner_memory[i] = tensors.state(np.zeros(self.numels[i]), f"quantized_owner_memory_{i}")
             self.bits[i] = tensors.level(config.low_bits, f"quantized_bits_{i}")
-
+        self.owned = {}  # each layer's entries whose owner memory this rank held at its last step
     def set_levels(self, levels):
         for i in self.compressed:
             self.tensors.set_level(self.bits[i], levels[i])
 
     def level_costs(self, ladder):
-        """Each layer's bytes at each bits of ``ladder``: its quantized values and scales, which
-        the two shots carry 2(W − 1)/W× over each rank's link, as a ring allreduce carries fp32."""
-        block = self.config.block_size
-        return {i: [quantized_bytes(padded_length(self.numels[i], 1, block), bits, block) for bits in ladder]
+        """Each layer's bytes at each bits of ``ladder``: its quantized values (padded to W parts
+        of whole blocks) and scales, which the two shots carry 2(W − 1)/W× over each rank's link,
+        as a ring allreduce carries fp32."""
+        block, size = self.config.block_size, int(self.collectives.size())
+        return {i: [quantized_bytes(padded_length(self.numels[i], size, block), bits, block) for bits in ladder]
                 for i in self.compressed}
 
     def approximation_errors(self, accumulated, ladder):
@@ -484,7 +492,7 @@ class QuantizedReducer(_Reducer):
         tensors, block, residuals = self.tensors, self.config.block_size, []
         for i in self.compressed:
             delta = tensors.as_matrix(accumulated[i], (-1,))
-            blocks = tensors.padded_concat([delta], padded_length(self.numels[i], 1, block))
+            blocks = tensors.placed([(0, delta)], padded_length(self.numels[i], 1, block))
             for bits in ladder:
                 _, sent = tensors.quantize(tensors.reshape(blocks, (1, -1)), bits, block)
                 residuals.append(blocks - tensors.reshape(sent, (-1,)))
@@ -515,40 +523,53 @@ class QuantizedReducer(_Reducer):
         feedback = self.config.use_error_feedback
         size, rank = int(collectives.size()), int(collectives.rank())
         sizes = [self.numels[i] for i, _ in members]
-        chunk = padded_length(sum(sizes), size, block) // size
+        widths = [padded_length(numel, size, block) // size for numel in sizes]
+        columns = [sum(widths[:k]) for k in range(len(widths))]
+        owned = [(k, min(rank * width, numel), min((rank + 1) * width, numel), column)
+                 for k, (numel, width, column) in enumerate(zip(sizes, widths, columns))]
+        if feedback:
+            self._keep_owner_memory_of(members, owned, size)
         ms = [tensors.as_matrix(grad, (-1,)) for _, grad in members]
         if feedback:
             ms = [m + tensors.read(self.memory[i]) for (i, _), m in zip(members, ms)]
-        x = tensors.padded_concat(ms, chunk * size)
-        wire, sent = tensors.quantize(tensors.reshape(x, (size, chunk)), bits, block)
+        wire, sent = tensors.quantize(tensors.as_columns(ms, widths, size), bits, block)
         pending = collectives.start_alltoall(wire, f"quantized.alltoall{name}")
         yield
-        received = tensors.dequantize(pending.wait(), bits, block)
-        owned = chunk_pieces(sizes, rank * chunk, (rank + 1) * chunk)
-        a = tensors.mean_of_rows(received)
-        if feedback and owned:
-            a = a + tensors.padded_concat([tensors.part(self.owner_memory[members[k][0]], first, last)
-                                           for k, first, last in owned], chunk)
-        wire, sent_average = tensors.quantize(tensors.reshape(a, (1, chunk)), bits, block)
+        a = tensors.mean_of_rows(tensors.dequantize(pending.wait(), bits, block))
+        if feedback:
+            a = a + tensors.placed([(column, tensors.part(self.owner_memory[members[k][0]], first, last))
+                                    for k, first, last, column in owned if first < last], sum(widths))
+        wire, sent_average = tensors.quantize(tensors.reshape(a, (1, -1)), bits, block)
         pending = collectives.start_allgather(tensors.reshape(wire, (-1,)), f"quantized.allgather{name}")
         yield
         gathered = tensors.dequantize(tensors.reshape(pending.wait(), (size, -1)), bits, block)
-        out = tensors.reshape(gathered, (-1,))
-        outputs, offset = {}, 0
-        for (i, grad), m, numel in zip(members, ms, sizes):
-            outputs[i] = tensors.part(out, offset, offset + numel)
-            if feedback:
-                sent_part = tensors.part(tensors.reshape(sent, (-1,)), offset, offset + numel)
-                tensors.assign_if_finite(self.memory[i], m - sent_part, also=outputs[i])
-            offset += numel
+
+        def layer(rows, k):
+            """Layer ``k`` of a (W, chunk) buffer: its columns, row after row, without the padding."""
+            flat = tensors.reshape(tensors.columns(rows, columns[k], columns[k] + widths[k]), (-1,))
+            return tensors.part(flat, 0, sizes[k])
+
+        outputs = {i: layer(gathered, k) for k, (i, _) in enumerate(members)}
         if feedback:
-            rest, offset = a - tensors.reshape(sent_average, (-1,)), 0
-            for k, first, last in owned:
-                i = members[k][0]
-                tensors.assign_if_finite(tensors.part(self.owner_memory[i], first, last),
-                                         tensors.part(rest, offset, offset + last - first), also=outputs[i])
-                offset += last - first
+            for k, ((i, _), m) in enumerate(zip(members, ms)):
+                tensors.assign_if_finite(self.memory[i], m - layer(sent, k), also=outputs[i])
+            rest = a - tensors.reshape(sent_average, (-1,))
+            for k, first, last, column in owned:
+                if first < last:
+                    i = members[k][0]
+                    tensors.assign_if_finite(tensors.part(self.owner_memory[i], first, last),
+                                             tensors.part(rest, column, column + last - first), also=outputs[i])
         return {i: tensors.like(outputs[i], grad) for i, grad in members}
+
+    def _keep_owner_memory_of(self, members, owned, size):
+        """Move the owner memory of the entries this rank no longer owns into its own memory, W
+        times over (see the class's docstring): where the world size changed (elastic), and at a
+        reducer's first step, where a restored state may have been saved at another size."""
+        for k, first, last, _ in owned:
+            i = members[k][0]
+            if self.owned.get(i) != (first, last):
+                self.tensors.move_outside(self.owner_memory[i], self.memory[i], first, last, size)
+                self.owned[i] = (first, last)
 
     def state(self):
         return {"memory": self.memory, "owner_memory": self.owner_memory, "bits": self.bits}

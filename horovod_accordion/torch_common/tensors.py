@@ -241,10 +241,22 @@ class TorchTensorOps:
     def level_value(self, level):
         return level.value
 
-    def padded_concat(self, tensors, length):
-        """The 1-D fp32 ``tensors`` end to end, then zeros up to ``length``."""
+    def as_columns(self, tensors, widths, rows):
+        """(``rows``, Σ ``widths``) fp32: each 1-D tensor, zero-padded to ``rows`` × its width, in its columns."""
+        out = torch.empty(rows, sum(widths), dtype=torch.float32, device=self.device)
+        column = 0
+        for tensor, width in zip(tensors, widths):
+            padded = torch.zeros(rows * width, dtype=torch.float32, device=self.device)
+            padded[:tensor.numel()] = tensor
+            out[:, column:column + width] = padded.view(rows, width)
+            column += width
+        return out
+
+    def placed(self, pieces, length):
+        """Zeros of ``length`` in fp32, with each 1-D tensor of ``pieces`` (``(offset, tensor)``) at its offset."""
         flat = torch.zeros(length, dtype=torch.float32, device=self.device)
-        torch.cat(tensors, out=flat[:sum(t.numel() for t in tensors)])
+        for offset, tensor in pieces:
+            flat[offset:offset + tensor.numel()] = tensor
         return flat
 
     def reshape(self, tensor, shape):
@@ -277,6 +289,12 @@ class TorchTensorOps:
         codes = _unpack(wire[:, :values * bits // 8], bits).to(torch.float32) - (2 ** (bits - 1) - 1)
         scales = wire[:, values * bits // 8:].contiguous().view(torch.float32)
         return (codes.reshape(wire.shape[0], -1, block) * scales.unsqueeze(2)).reshape(wire.shape[0], values)
+
+    def move_outside(self, source, target, first, last, factor):
+        """``target += factor · source`` outside ``first:last``, where ``source`` becomes 0."""
+        for part in (slice(0, first), slice(last, None)):
+            target[part] += factor * source[part]
+            source[part] = 0
 
     def mean_of_rows(self, rows):
         """The rows' mean, summed in row order (rank order): the same on every rank and machine."""

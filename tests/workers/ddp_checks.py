@@ -9,12 +9,15 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from horovod_accordion.ddp import AccordionState, Compression, ErrorBudget, PhaseSchedule, PowerSGD, TopK, accordion_hook
+from horovod_accordion.ddp import (AccordionState, Compression, ErrorBudget, PhaseSchedule, PowerSGD, Quantized, TopK,
+                                   accordion_hook)
 from horovod_accordion.trainers.common import EveryRankState, attach
 from tests.workers.models import batch_of_rank, horovod_import_error, make_model
+from tests.workers import quantized_checks
 from tests.workers.policy_reference import assert_policy_checks, reference_costs
 
-COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
+COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1),
+                "quantized 8/4": Quantized(8, 4)}
 
 
 def setup():
@@ -401,8 +404,10 @@ def check_a_state_built_without_the_model_binds_itself_and_equals_the_bound_one(
                     free_state = moved
                     free.register_comm_hook(free_state, accordion_hook)
             assert (len(binding_buckets) > 1) == (layout == "find_unused_parameters"), (layout, binding_buckets)
-            # The matrices, compressed; the biases have no level (issue 18: they were listed).
-            assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in (0, 2, 4)]
+            # The matrices, compressed; the biases have no level (issue 18: they were listed), but
+            # under Quantized, which quantizes every layer.
+            leveled = range(6) if isinstance(compression, Quantized) else (0, 2, 4)
+            assert free_state.bound and list(free_state.levels) == [f"parameters[{i}]" for i in leveled]
             for (layer, p), q in zip(model.named_parameters(), free.parameters()):
                 assert torch.equal(p, q), f"{name}, {layout}, {layer}: max diff {(p - q).abs().max():.3e}"
             theirs = [(event, step, list(levels.values()))
@@ -566,3 +571,8 @@ def check_end_epoch_before_any_step_warns_in_the_same_words_bound_or_not():
         assert state._exchange.accordion.detector.windows_seen == 1, bound
         said.append(messages[0])
     return said
+
+
+def check_quantized_two_shot_matches_the_float64_reference():
+    """Through torch.distributed's all_to_all_single and all_gather (``tests/workers/quantized_checks.py``)."""
+    return quantized_checks.check_two_shot_matches_the_float64_reference()

@@ -10,6 +10,7 @@ import horovod_accordion.torch as hvd
 from horovod_accordion.torch import BatchSwitch, Compression, ErrorBudget, PhaseSchedule
 from tests.workers.models import batch_of_rank, make_model
 from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
+from tests.workers.quantized_checks import two_shot_matches_the_float64_reference
 
 
 def setup():
@@ -257,9 +258,13 @@ def check_bytes_on_the_wire():
         "powersgd-1": (32 * 1 + 64 * 1 + 32) * 4,
         "powersgd-2": (32 * 2 + 64 * 2 + 32) * 4,
         "topk-10%": (204 + 204 // 2) * 4 + 32 * 4,  # 204 fp32 values, 204 int16 indices, the dense bias
+        # 2048 + 128 values (the bias padded to a block for each of the 2 ranks), 4 bits each and an
+        # fp32 scale per 64: all of it handed to the all-to-all, one rank's half to the all-gather.
+        "quantized-4": (2176 // 2 + 4 * 34) * 3 // 2,
     }
     compressions = {"none": Compression.none, "fp16": Compression.fp16, "powersgd-1": Compression.powersgd(1),
-                    "powersgd-2": Compression.powersgd(2), "topk-10%": Compression.topk(0.1)}
+                    "powersgd-2": Compression.powersgd(2), "topk-10%": Compression.topk(0.1),
+                    "quantized-4": Compression.quantized(4)}
     measured = {}
     for key, compression in compressions.items():
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.0), compression=compression)
@@ -272,8 +277,11 @@ def check_bytes_on_the_wire():
 
 
 def check_state_dict_round_trip_continues_identically():
-    compression = Compression.powersgd(2, 1, min_compression_rate=0)
+    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.quantized(8, 4)):
+        state_dict_round_trip_continues_identically(compression)
 
+
+def state_dict_round_trip_continues_identically(compression):
     def build():
         model = make_model()
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
@@ -291,8 +299,9 @@ def check_state_dict_round_trip_continues_identically():
     restored_model.load_state_dict(saved_model)
     restored.load_state_dict(torch.load(buffer, weights_only=False))
     assert restored.accordion_stats()["levels"] == optimizer.accordion_stats()["levels"]
-    assert all(torch.equal(restored._reducer.memory[i], optimizer._reducer.memory[i])
-               for i in optimizer._reducer.memory)
+    assert compression_state(restored).keys() == compression_state(optimizer).keys()
+    assert all(torch.equal(restored_tensor, compression_state(optimizer)[key])
+               for key, restored_tensor in compression_state(restored).items())
     for step in range(5, 9):
         for m, o in ((model, optimizer), (restored_model, restored)):
             x, y = rank_batch(step)
@@ -300,7 +309,7 @@ def check_state_dict_round_trip_continues_identically():
             torch.nn.functional.cross_entropy(m(x), y).backward()
             o.step()
     for (name, a), b in zip(model.named_parameters(), restored_model.parameters()):
-        assert torch.equal(a, b), f"{name} diverged after restoring the checkpoint"
+        assert torch.equal(a, b), f"{name} diverged after restoring the checkpoint ({compression})"
 
 
 def check_jsonl_log_on_rank_zero_only():
@@ -499,6 +508,7 @@ EVERY_COMPRESSION = {
     "none": Compression.none, "fp16": Compression.fp16,
     "powersgd static": Compression.powersgd(2), "powersgd adaptive": Compression.powersgd(2, 1),
     "topk static": Compression.topk(0.1), "topk adaptive": Compression.topk(0.5, 0.1),
+    "quantized static": Compression.quantized(4), "quantized adaptive": Compression.quantized(8, 4),
 }
 
 
@@ -605,7 +615,8 @@ def check_a_non_finite_gradient_leaves_that_layers_state_and_delta_clean():
     """One inf on rank 1 at step 1: that step's average is non-finite (so a scaler skips it),
     the layer's memory, Q or residual stay as they were, the other layers move on, Δ leaves
     the step out, and every later step is finite again."""
-    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1)):
+    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1),
+                        Compression.quantized(8, 4)):
         model = make_model()
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                              named_parameters=model.named_parameters(), compression=compression)
@@ -636,7 +647,8 @@ def check_a_non_finite_gradient_leaves_that_layers_state_and_delta_clean():
 def check_amp_recipe_with_grad_scaler_skips_the_overflow_on_both_ranks():
     """Horovod's AMP recipe (synchronize, unscale_, skip_synchronize, step) with an overflow on
     one rank only: both ranks skip that step and train on to the same parameters."""
-    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1)):
+    for compression in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1),
+                        Compression.quantized(8, 4)):
         model = make_model()
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -681,3 +693,10 @@ def check_end_epoch_before_any_step_warns_and_closes_no_window():
         optimizer.end_epoch()
     assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == [END_EPOCH_BEFORE_ANY_STEP]
     assert optimizer._accordion.detector.windows_seen == 0
+
+
+def check_quantized_two_shot_matches_the_float64_reference():
+    """Through Horovod's alltoall and allgather (``tests/workers/quantized_checks.py``)."""
+    from horovod_accordion.torch.ops import TorchCollectives
+    from horovod_accordion.torch_common.tensors import TorchTensorOps
+    return two_shot_matches_the_float64_reference(TorchCollectives(TorchTensorOps(), hvd.global_process_set))
