@@ -13,7 +13,8 @@ __all__ = ["Collectives", "Done", "wire_share"]
 def wire_share(collective, size):
     """How many times its buffer a collective carries over each rank's link, on ``size`` ranks:
     a ring allreduce sends 2(W − 1)/W of it, an all-gather the W − 1 other ranks' buffers (each
-    rank hands over its own), an all-to-all the (W − 1)/W of it that is for other ranks."""
+    rank hands over its own), an all-to-all the (W − 1)/W of it that is for other ranks. ``size``
+    may be a framework's number (a traced TF step's)."""
     return {"allreduce": 2 * (size - 1) / size, "allgather": size - 1, "alltoall": (size - 1) / size}[collective]
 
 

@@ -11,7 +11,7 @@ configuration raises before any collective is started.
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerSGD", "Quantized", "TopK", "padded_length", "quantized_bytes", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
+__all__ = ["PowerSGD", "Quantized", "SWITCHABLE", "TopK", "padded_length", "quantized_bytes", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
            "index_dtype", "index_bytes", "packed_index_words", "sparse_is_cheaper"]
 
 
@@ -160,6 +160,9 @@ class Quantized:
     def levels(self):
         """The ladder, ℓ_low first and ℓ_high last."""
         return self.ladder
+
+
+SWITCHABLE = (PowerSGD, TopK, Quantized)  # the compressions with levels, which keep state across steps
 
 
 def padded_length(count, size, block):

@@ -9,6 +9,7 @@ collectives over them (``horovod_accordion.core.collectives``: ``torch/ops.py`` 
 """
 
 import warnings
+from typing import Sequence
 
 import numpy as np
 
@@ -119,6 +120,7 @@ class _Reducer:
     """What every reducer shares: its two backends, and ``reduce``, all layers as one bucket."""
 
     fuses_itself = False  # whether Horovod's tensor fusion, rather than our buckets, should batch it
+    compressed: Sequence[int] = ()  # the layers it compresses, which have levels
 
     def __init__(self, shapes, config, tensors: TensorOps, collectives: CollectiveOps):
         self.config = config
@@ -152,7 +154,6 @@ class DenseReducer(_Reducer):
 
     per_rank = ()
     fuses_itself = True
-    compressed = ()
 
     def __init__(self, shapes, compression, tensors, collectives):
         super().__init__(shapes, compression, tensors, collectives)

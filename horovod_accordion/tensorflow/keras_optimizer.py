@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from horovod_accordion.core.arguments import under_elastic
 from horovod_accordion.core.policies import policy_for
+from horovod_accordion.tensorflow.compression import check_traceable
 from horovod_accordion.tensorflow.state import AccordionState
 
 __all__ = ["AccordionOptimizer", "accordion_keras_optimizer", "build_weights", "deserializers"]
@@ -135,6 +136,7 @@ def accordion_keras_optimizer(adapter, optimizer, name, device_dense, device_spa
     if isinstance(optimizer, AccordionOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer: wrap the plain one once")
     # Here, not at the first step where the state is built: a bad policy is the caller's mistake.
+    check_traceable(options["compression"])
     policy_for(options["policy"], getattr(options["compression"], "levels", (None,)),
                batch_switch=options["batch_switch"] is not None)
     cls = type(optimizer.__class__.__name__, (adapter, optimizer.__class__), {"__module__": adapter.__module__})

@@ -6,7 +6,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from horovod_accordion.core.arguments import under_elastic
-from horovod_accordion.core.collectives import Done
+from horovod_accordion.core.collectives import Done, wire_share
 from horovod_accordion.core.process_sets import HorovodProcessSetCollectives
 
 __all__ = ["TensorFlowCollectives"]
@@ -29,6 +29,7 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         super().__init__(*args, **kwargs)
         # Counted by the traced step: a variable, read between steps.
         self.bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="accordion_bytes_sent")
+        self.wire_bytes_sent = tf.Variable(0, dtype=tf.float64, trainable=False, name="accordion_wire_bytes_sent")
 
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def size(self):
@@ -53,7 +54,8 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
             return Done([])
         compression = compression or hvd.Compression.none
         wires = [compression.compress(tf.cast(tensor, self.tensors.wire_dtype(tensor))) for tensor in tensors]
-        self.bytes_sent.assign_add(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]))
+        self._count_bytes(tf.add_n([tf.cast(tf.size(wire), tf.int64) * wire.dtype.size for wire, _ in wires]),
+                          "allreduce")
         reduced = hvd.grouped_allreduce([wire for wire, _ in wires], name=f"{self.name_prefix}.{name}", op=hvd.Average,
                                         prescale_factor=1.0 / self.gradient_predivide_factor,
                                         postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
@@ -62,14 +64,31 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
 
     def start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len)."""
-        self._count(flat)
+        self._count(flat, "allgather")
         gathered = hvd.allgather(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return Done(tf.reshape(gathered, [self.size(), -1]))
 
-    def _count(self, tensor):
-        self.bytes_sent.assign_add(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size)
+    def start_alltoall(self, rows, name):
+        """Row j of ``rows`` (one per rank) to rank j; the rows received, row r from rank r."""
+        self._count(rows, "alltoall")
+        received = hvd.alltoall(rows, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
+        return Done(tf.reshape(received, tf.shape(rows)))
+
+    def _count(self, tensor, collective):
+        self._count_bytes(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size, collective)
+
+    def _count_bytes(self, handed, collective):
+        """As ``Collectives.count``, in the traced step, at the world size when the step runs."""
+        self.bytes_sent.assign_add(handed)
+        share = wire_share(collective, tf.cast(self.size(), tf.float64))
+        self.wire_bytes_sent.assign_add(share * tf.cast(handed, tf.float64))
 
     def take_bytes_sent(self):
         sent = int(self.bytes_sent.numpy())
         self.bytes_sent.assign(0)
+        return sent
+
+    def take_wire_bytes_sent(self):
+        sent = round(float(self.wire_bytes_sent.numpy()))
+        self.wire_bytes_sent.assign(0)
         return sent

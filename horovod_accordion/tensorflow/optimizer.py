@@ -9,7 +9,7 @@ averages the gradients in ``apply_gradients`` through an ``AccordionState``
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from horovod_accordion.core.compression import PowerSGD, TopK
+from horovod_accordion.core.compression import SWITCHABLE
 from horovod_accordion.core.policies import make_policy
 from horovod_accordion.tensorflow.keras_optimizer import AccordionOptimizer, accordion_keras_optimizer, deserializers
 
@@ -63,7 +63,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     # Plain none or fp16 is Horovod's own optimizer, unless a traffic record is asked for: then
     # it runs through Accordion's exchange, so that a baseline logs as the compressed runs do.
     records = log_path is not None or tensorboard_dir is not None
-    if batch_switch is None and not isinstance(compression, (PowerSGD, TopK)) and not records \
+    if batch_switch is None and not isinstance(compression, SWITCHABLE) and not records \
             and not make_policy(policy).weighs_costs:  # such a policy is refused by Accordion's, not ignored
         import horovod.tensorflow.keras as hvd_keras  # Keras 2 only (horovod#4290): imported where used
         return hvd_keras.DistributedOptimizer(
@@ -73,7 +73,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
             process_set=process_set, scale_local_gradients=scale_local_gradients)
-    instead = "" if isinstance(compression, (PowerSGD, TopK)) or batch_switch is not None else \
+    instead = "" if isinstance(compression, SWITCHABLE) or batch_switch is not None else \
         ", or drop log_path and tensorboard_dir to get Horovod's own optimizer"
     return accordion_keras_optimizer(_Keras2Optimizer, instead=instead, **arguments)
 
@@ -91,11 +91,11 @@ def tensorflow_distributed_optimizer(optimizer, name=None, use_locking=False, de
     (``DistributedGradientTape(accordion=...)``) or in a tf_keras optimizer.
     ``use_locking`` is passed to Horovod's v1 optimizer; Keras optimizers have no such option."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        if isinstance(compression, (PowerSGD, TopK)) or accordion_options:
+        if isinstance(compression, SWITCHABLE) or accordion_options:
             raise ValueError(
                 f"a tf.compat.v1 optimizer takes Horovod's plain compressions only (none, fp16), without "
                 f"Accordion's options{' ' + str(sorted(accordion_options)) if accordion_options else ''}: for "
-                f"PowerSGD, TopK or Accordion, use a tf_keras optimizer or DistributedGradientTape(accordion=...)")
+                f"PowerSGD, TopK, Quantized or Accordion, use a tf_keras optimizer or DistributedGradientTape(accordion=...)")
         return hvd.DistributedOptimizer(
             optimizer, name=name, use_locking=use_locking, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,

@@ -23,6 +23,7 @@ from horovod_accordion.core.exchange import BucketedExchange
 from horovod_accordion.core.metrics import CommunicationLog
 from horovod_accordion.core.reducers import make_reducer, split_state
 from horovod_accordion.core.steps import StepDriver
+from horovod_accordion.tensorflow.compression import check_traceable
 from horovod_accordion.tensorflow.ops import TensorFlowCollectives
 from horovod_accordion.tensorflow.summary import SummaryScalars
 from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
@@ -77,6 +78,7 @@ class AccordionState(tf.Module):
         self._shapes = shapes
         self._collectives = TensorFlowCollectives(TensorFlowTensorOps(), process_set, gradient_predivide_factor,
                                                   collective_prefix(names))
+        check_traceable(compression)
         self._reducer, levels = make_reducer(compression, shapes, self._collectives.tensors, self._collectives,
                                              Compressor)
         self.batch_switch = batch_switch

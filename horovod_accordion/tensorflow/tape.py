@@ -3,7 +3,7 @@
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from horovod_accordion.core.compression import PowerSGD, TopK
+from horovod_accordion.core.compression import SWITCHABLE
 
 __all__ = ["DistributedGradientTape"]
 
@@ -28,9 +28,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compres
     compression and Horovod options are then the state's.
     """
     if accordion is None:
-        if isinstance(compression, (PowerSGD, TopK)):
+        if isinstance(compression, SWITCHABLE):
             raise ValueError(
-                "PowerSGD and TopK keep state across steps: create hvd.AccordionState(variables, "
+                "PowerSGD, TopK and Quantized keep state across steps: create hvd.AccordionState(variables, "
                 "compression=...) once, outside tf.function, and pass it as accordion=")
         return hvd.DistributedGradientTape(
             gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression,

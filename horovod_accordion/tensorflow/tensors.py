@@ -17,6 +17,37 @@ __all__ = ["TensorFlowTensorOps"]
 _WIRE_DTYPES = {tf.bfloat16: tf.float32}  # Horovod's TF ops reject bf16
 
 
+def _pack(unsigned, bits):
+    """As the torch backend's ``_pack``: 8/bits codes to a byte where bits divides 8, else bit
+    planes. In int32, where TF's shifts and sums take every width."""
+    rows = unsigned.shape[0]
+    if bits == 8:
+        return unsigned
+    codes = tf.cast(unsigned, tf.int32)
+    if 8 % bits == 0:
+        shifted = tf.bitwise.left_shift(tf.reshape(codes, [rows, -1, 8 // bits]), tf.constant(list(range(0, 8, bits))))
+        return tf.cast(tf.reduce_sum(shifted, axis=2), tf.uint8)
+    planes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(codes, [rows, -1, 8, 1]),
+                                                           tf.constant(list(range(bits)))), 1)
+    weighted = tf.bitwise.left_shift(planes, tf.constant([[k] for k in range(8)]))
+    return tf.reshape(tf.cast(tf.reduce_sum(weighted, axis=2), tf.uint8), [rows, -1])
+
+
+def _unpack(packed, bits):
+    rows = packed.shape[0]
+    if bits == 8:
+        return packed
+    words = tf.cast(packed, tf.int32)
+    if 8 % bits == 0:
+        codes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(words, [rows, -1, 1]),
+                                                              tf.constant(list(range(0, 8, bits)))), 2 ** bits - 1)
+        return tf.cast(tf.reshape(codes, [rows, -1]), tf.uint8)
+    planes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(words, [rows, -1, 1, bits]),
+                                                           tf.constant([[k] for k in range(8)])), 1)
+    weighted = tf.bitwise.left_shift(planes, tf.constant(list(range(bits))))
+    return tf.reshape(tf.cast(tf.reduce_sum(weighted, axis=3), tf.uint8), [rows, -1])
+
+
 class TensorFlowTensorOps:
     """The tensor backend of the reducers and the exchange in TensorFlow; the collectives over it
     are ``tensorflow.ops.TensorFlowCollectives``."""
@@ -126,6 +157,64 @@ class TensorFlowTensorOps:
             action()
             return tf.constant(True)
         tf.cond(tf.convert_to_tensor(flag), run, lambda: tf.constant(False))
+
+    # Quantization (``QuantizedReducer``), as the torch backend's: the same IEEE fp32 operations
+    # in the same order, so both give the float64 reference's values bit for bit.
+    def level_value(self, level):
+        """The level's value when the step is traced: a traced step keeps the bits it was traced
+        with, so the TF adapters take a fixed ``Quantized`` level only."""
+        with tf.init_scope():
+            return int(level.numpy())
+
+    def reshape(self, tensor, shape):
+        return tf.reshape(tensor, shape)
+
+    def part(self, flat, first, last):
+        """``flat[first:last]``; of a variable, a slice that ``assign`` writes into it."""
+        return flat[first:last]
+
+    def as_columns(self, tensors, widths, rows):
+        blocks = [tf.reshape(tf.pad(t, [[0, rows * width - t.shape[0]]]), [rows, width])
+                  for t, width in zip(tensors, widths)]
+        return tf.concat(blocks, axis=1)
+
+    def placed(self, pieces, length):
+        flat = tf.zeros([length], tf.float32)
+        for offset, tensor in pieces:
+            size = tensor.shape[0]
+            flat = tf.concat([flat[:offset], tf.convert_to_tensor(tensor), flat[offset + size:]], axis=0)
+        return flat
+
+    def quantize(self, rows, bits, block):
+        levels = 2 ** (bits - 1) - 1
+        count = rows.shape[0]
+        blocks = tf.reshape(rows, [count, -1, block])
+        scales = tf.reduce_max(tf.abs(blocks), axis=2, keepdims=True) / levels
+        divisor = tf.where(scales > 0, scales, tf.ones_like(scales))
+        codes = tf.clip_by_value(tf.round(blocks / divisor), -levels, levels)
+        sent = tf.reshape(codes * scales, tf.shape(rows))
+        unsigned = tf.reshape(tf.cast(codes + levels, tf.uint8), [count, -1])
+        scale_bytes = tf.reshape(tf.bitcast(tf.reshape(scales, [count, -1]), tf.uint8), [count, -1])
+        return tf.concat([_pack(unsigned, bits), scale_bytes], axis=1), sent
+
+    def dequantize(self, wire, bits, block):
+        count, width = wire.shape[0], wire.shape[1]
+        values = width * 8 * block // (bits * block + 32)
+        codes = tf.cast(_unpack(wire[:, :values * bits // 8], bits), tf.float32) - (2 ** (bits - 1) - 1)
+        scales = tf.bitcast(tf.reshape(wire[:, values * bits // 8:], [count, -1, 4]), tf.float32)
+        return tf.reshape(tf.reshape(codes, [count, -1, block]) * scales[:, :, None], [count, values])
+
+    def move_outside(self, source, target, first, last, factor):
+        size = source.shape[0]
+        outside = tf.concat([tf.ones([first]), tf.zeros([last - first]), tf.ones([size - last])], axis=0) > 0
+        target.assign(tf.where(outside, target + factor * source, target))
+        source.assign(tf.where(outside, tf.zeros_like(source), source))
+
+    def mean_of_rows(self, rows):
+        total = rows[0]
+        for r in range(1, rows.shape[0]):
+            total = total + rows[r]
+        return total / rows.shape[0]
 
     # Branches of the TopK wire format, decided in the graph from the level in force.
     def cond(self, flag, if_true, if_false):

@@ -10,7 +10,7 @@ them. ``powersgd``, ``topk`` and ``quantized`` describe Accordion's switchable c
 
 import torch
 
-from horovod_accordion.core.compression import PowerSGD, Quantized, TopK, cast_compressor
+from horovod_accordion.core.compression import SWITCHABLE, PowerSGD, Quantized, TopK, cast_compressor
 
 __all__ = ["Compression", "FP16Compressor", "NoneCompressor", "PlainCompressor", "check_hook_compression",
            "compression_levels", "is_plain"]
@@ -32,7 +32,7 @@ def compression_levels(compression):
 
 def check_hook_compression(compression):
     """The compressions a torch.distributed hook (DDP's, FSDP's) takes, or a ``ValueError``."""
-    if not (isinstance(compression, (PowerSGD, TopK, Quantized)) or is_plain(compression)):
+    if not (isinstance(compression, SWITCHABLE) or is_plain(compression)):
         raise ValueError(f"compression must be Compression.none, Compression.fp16, PowerSGD(low_rank, high_rank), "
                          f"TopK(low_fraction, high_fraction) or Quantized(low_bits, high_bits), got {compression!r}")
 

@@ -36,9 +36,10 @@ def wire_bytes(bits, size):
     return round(total)
 
 
-def two_shot_matches_the_float64_reference(collectives):
+def two_shot_matches_the_float64_reference(collectives, as_tensor=torch.from_numpy):
     """Bit for bit at every step, outputs and both memories; the error-feedback invariant; the
-    wire bytes of every step. Returns the report."""
+    wire bytes of every step. ``as_tensor`` makes the framework's tensor of a numpy array.
+    Returns the report."""
     size, rank = int(collectives.size()), int(collectives.rank())
     reducer = QuantizedReducer(SHAPES, Quantized(8, 2, ladder=(8, 4, 2)), collectives.tensors, collectives)
     reference = TwoShot([math.prod(s) for s in SHAPES], size, BLOCK)
@@ -48,14 +49,15 @@ def two_shot_matches_the_float64_reference(collectives):
     for step, bits in enumerate(BITS):
         reducer.set_levels(bits)
         grads = [rank_gradients(r, step) for r in range(size)]
-        outputs = reducer.reduce([torch.from_numpy(g) for g in grads[rank]])
+        outputs = reducer.reduce([as_tensor(g) for g in grads[rank]])
         expected = reference.step(grads, bits)
         for i, (ours, theirs) in enumerate(zip(outputs, expected)):
-            ours = ours.double().reshape(-1).numpy()
+            ours = np.asarray(ours, dtype=np.float64).reshape(-1)
             assert np.array_equal(ours, theirs), \
                 f"step {step}, layer {i}: {np.abs(ours - theirs).max():.3e} from the reference"
-            assert np.array_equal(reducer.memory[i].double().numpy(), reference.memory[rank][i]), (step, i)
-            assert np.array_equal(reducer.owner_memory[i].double().numpy(), reference.owner_memory[rank][i]), (step, i)
+            assert np.array_equal(np.asarray(reducer.memory[i], dtype=np.float64), reference.memory[rank][i]), (step, i)
+            assert np.array_equal(np.asarray(reducer.owner_memory[i], dtype=np.float64),
+                                  reference.owner_memory[rank][i]), (step, i)
             sum_out[i] += ours
             sum_true[i] += np.mean([np.asarray(g[i], dtype=np.float64).reshape(-1) for g in grads], axis=0)
         sent = collectives.take_wire_bytes_sent()

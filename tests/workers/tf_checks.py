@@ -13,13 +13,14 @@ import horovod.torch as horovod_torch
 import horovod_accordion.keras as hvd_keras
 import horovod_accordion.tensorflow as hvd
 from horovod_accordion.core.batch import BatchSwitch
-from horovod_accordion.core.reducers import PowerSGDReducer, TopKReducer
+from horovod_accordion.core.reducers import PowerSGDReducer, QuantizedReducer, TopKReducer
 from horovod_accordion.tensorflow.ops import TensorFlowCollectives
 from horovod_accordion.tensorflow.tensors import TensorFlowTensorOps
 from horovod_accordion.torch.ops import TorchCollectives
 from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
+from tests.workers.quantized_checks import two_shot_matches_the_float64_reference
 
 
 def setup():
@@ -304,9 +305,13 @@ def check_a_checkpoint_of_the_other_batch_switch_setting_is_refused_once_and_lea
 
 
 def check_checkpoint_round_trip_restores_levels_memory_and_detector():
+    for config in (hvd.Compression.powersgd(2, 1, min_compression_rate=0), hvd.Compression.quantized(4)):
+        checkpoint_round_trip_restores_levels_memory_and_detector(config)
+
+
+def checkpoint_round_trip_restores_levels_memory_and_detector(config):
     import tempfile
     variables = [tf.Variable(tf.zeros(shape)) for shape in SHAPES]
-    config = hvd.Compression.powersgd(2, 1, min_compression_rate=0)
     state = hvd.AccordionState(variables, compression=config, window_steps=1, interval=1)
     for step in range(4):
         state.reduce([tf.constant(g) for g in rank_gradients(step)])
@@ -350,6 +355,10 @@ def check_bad_tensorflow_configuration_raises_before_any_collective():
         lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1), compression=hvd.Compression.powersgd(2),
                                                policy=hvd.PhaseSchedule(total_windows=3)),
         lambda: hvd.AccordionState(variables, compression=hvd.Compression.topk(0.1), policy="error_budget"),
+        # A traced TF step keeps the bits it was traced with: switching bits is refused, not ignored
+        lambda: hvd.AccordionState(variables, compression=hvd.Compression.quantized(8, 4)),
+        lambda: hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.1),
+                                               compression=hvd.Compression.quantized(8, 4)),
     ]
     if hvd.rank() == 1:  # a collective entered by rank 1 alone would hang this check
         for case in cases:
@@ -512,7 +521,8 @@ def check_a_non_finite_gradient_leaves_tensorflow_state_clean():
     was on every rank, that step's layer-0 average is non-finite, and later steps are finite."""
     for make in (lambda backends: PowerSGDReducer(SHAPES, hvd.Compression.powersgd(2, 1, min_compression_rate=0),
                                                   *backends),
-                 lambda backends: TopKReducer(SHAPES, hvd.Compression.topk(0.5, 0.1), *backends)):
+                 lambda backends: TopKReducer(SHAPES, hvd.Compression.topk(0.5, 0.1), *backends),
+                 lambda backends: QuantizedReducer(SHAPES, hvd.Compression.quantized(4), *backends)):
         reducer = make(tf_backends())
         for step in range(4):
             grads = rank_gradients(step)
@@ -681,3 +691,9 @@ def check_topk_wire_switches_inside_one_traced_step():
         for x, y in zip(a, b):
             np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
     return traces
+
+
+def check_quantized_two_shot_matches_the_float64_reference():
+    """Through Horovod's TF alltoall and allgather, eagerly, where the bits of each step are read
+    (``tests/workers/quantized_checks.py``)."""
+    return two_shot_matches_the_float64_reference(tf_backends()[1], as_tensor=tf.constant)
