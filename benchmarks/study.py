@@ -61,12 +61,13 @@ def rows_of(args):
     """Every row of a setting: (family, setting, variant, levels, run name, train arguments).
     Rows with the same arguments share their runs (uncompressed and fp16 are every family's
     references). The policies other than Accordion's choose from the family's ladder."""
-    config = {"powersgd": args.powersgd_levels, "topk": args.topk_levels, "batch": (1, args.batch_multiplier)}
-    ladders = {"powersgd": args.powersgd_ladder, "topk": args.topk_ladder}
+    config = {"powersgd": args.powersgd_levels, "topk": args.topk_levels, "quantized": args.quantized_levels,
+              "batch": (1, args.batch_multiplier)}
+    ladders = {"powersgd": args.powersgd_ladder, "topk": args.topk_ladder, "quantized": args.quantized_ladder}
     uncompressed = ("uncompressed", ["--compression", "none"])
     fp16 = ("fp16", ["--compression", "fp16"])
     rows = []
-    for family in ("powersgd", "topk"):
+    for family in ("powersgd", "topk", "quantized"):
         low, high = config[family]
         levels = ["--compression", family, "--levels"]
         ladder = [f"{level:g}" for level in ladders[family]]
@@ -78,6 +79,9 @@ def rows_of(args):
                   levels + [str(low), str(high)])]
         rows += [(family, policy, "default", list(ladders[family]), f"{family}-{policy.replace('_', '-')}",
                   levels + ladder + ["--policy", policy]) for policy in ("error_budget", "phase")]
+        if family == "quantized":  # each bits of the ladder alone, as the static low and high rows
+            rows += [(family, f"static {level}", "default", [level, level], f"{family}-static-{level}",
+                      levels + [str(level), str(level)]) for level in ladders[family] if level not in (low, high)]
     if not args.program.levers:
         return rows
     small, multiplier = config["batch"][0], config["batch"][1]
@@ -91,6 +95,22 @@ def rows_of(args):
             rows.append((family, "accordion", variant, [low, high], f"{family}-accordion-{variant}",
                          ["--compression", family, "--levels", str(low), str(high)] + extra))
     return rows
+
+
+def wire_bytes(done, family, setting, workers):
+    """The bytes that crossed a rank's link over a run: its record's, or, for a record made before
+    they were counted, its handed-over bytes × 2(W − 1)/W where every collective of the run was a
+    ring allreduce (uncompressed, fp16, PowerSGD, batch switching); ``None`` for older TopK runs,
+    whose allgathers carry W − 1 times what each rank hands over."""
+    if "wire_bytes_sent_per_rank" in done:
+        return done["wire_bytes_sent_per_rank"]
+    if family == "topk" and setting not in ("uncompressed", "fp16"):
+        return None
+    return done["bytes_sent_per_rank"] * 2 * (workers - 1) / workers
+
+
+def _mean_or_none(values):
+    return None if any(value is None for value in values) else _mean(values)
 
 
 def row_name(row):
@@ -247,17 +267,18 @@ def summarize(args, rows, command):
             "seeds": sorted(runs), f"{metric}_mean": round(_mean(scores), digits),
             f"{metric}_std": round(_std(scores), digits),
             "bytes_per_rank_mean": _mean([r["bytes_sent_per_rank"] for r in done]),
+            "wire_bytes_per_rank_mean": _mean_or_none([wire_bytes(r, family, setting, args.workers) for r in done]),
             "wall_time_s_mean": round(_mean([r["wall_time_s"] for r in done]), 1)})
         if len(set(levels)) > 1 and config.get("layer_types"):
             summary_rows[-1].update(levels_by_layer_type(runs.values(), config["layer_types"], levels[0]))
         curves[row_name(row)] = [[e[metric] for e in records if e["event"] == "epoch"]
                                  for records in runs.values()]
-    reference = {r["family"]: r["bytes_per_rank_mean"] for r in summary_rows
+    reference = {r["family"]: r["wire_bytes_per_rank_mean"] for r in summary_rows
                  if r["setting"] in ("low", "small") and r["variant"] == "default"}
     uncompressed = next((r[f"{metric}_mean"] for r in summary_rows if r["setting"] in ("uncompressed", "small")), None)
     for r in summary_rows:
-        r["bytes_vs_low"] = round(r["bytes_per_rank_mean"] / reference[r["family"]], 3) \
-            if r["family"] in reference else None
+        r["bytes_vs_low"] = round(r["wire_bytes_per_rank_mean"] / reference[r["family"]], 3) \
+            if reference.get(r["family"]) and r["wire_bytes_per_rank_mean"] is not None else None
         r["distance_to_uncompressed"] = None if uncompressed is None \
             else round(r[f"{metric}_mean"] - uncompressed, digits)
     summary = {"command": " && ".join(commands), "dataset": args.dataset, "model": args.model,
@@ -324,17 +345,21 @@ def summary_markdown(summary, pngs):
     recipe = f", {summary['optimizer']}, {summary['precision']}" if "optimizer" in summary else ""
     lines = [f"# {summary['dataset']} / {summary['model']}{recipe}: {summary['workers']} workers, "
              f"{summary['epochs']} epochs", "", f"Command: `{summary['command']}`", "",
-             f"The final {column}, mean ± std over the seeds, and its distance to uncompressed; bytes each rank "
-             "sent over the whole run (gradients and Accordion's norm reductions); the ratio to static ℓ_low "
-             "(small batch for the batch family); the training time per run.", "",
-             f"| family | setting | variant | levels | seeds | {column} | − uncompressed | MB sent per rank "
-             "| bytes vs ℓ_low | train time (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"The final {column}, mean ± std over the seeds, and its distance to uncompressed; the bytes that "
+             "crossed each rank's link over the whole run (gradients and Accordion's norm reductions; a ring "
+             "allreduce carries 2(W − 1)/W of its buffer, an allgather W − 1 times each rank's part, an "
+             "all-to-all (W − 1)/W; – for a TopK run recorded before wire bytes were), and those each rank handed "
+             "to the collectives; the wire bytes' ratio to static ℓ_low (small batch for the batch family); the "
+             "training time per run.", "",
+             f"| family | setting | variant | levels | seeds | {column} | − uncompressed | wire MB per rank "
+             "| MB handed over | bytes vs ℓ_low | train time (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         levels = "–" if r["levels"][0] is None else "/".join(f"{level:g}" for level in r["levels"])
         ratio = "–" if r["bytes_vs_low"] is None else f"{r['bytes_vs_low']:.2f}×"
         distance = "–" if r["distance_to_uncompressed"] is None else f"{r['distance_to_uncompressed']:+.{digits}f}"
+        wire = "–" if r.get("wire_bytes_per_rank_mean") is None else f"{r['wire_bytes_per_rank_mean'] / 1e6:.2f}"
         lines.append(f"| {r['family']} | {r['setting']} | {r['variant']} | {levels} | {len(r['seeds'])} | "
-                     f"{r[metric + '_mean']:.{digits}f} ± {r[metric + '_std']:.{digits}f} | {distance} | "
+                     f"{r[metric + '_mean']:.{digits}f} ± {r[metric + '_std']:.{digits}f} | {distance} | {wire} | "
                      f"{r['bytes_per_rank_mean'] / 1e6:.2f} | {ratio} | {r['wall_time_s_mean']:.0f} |")
     shares = [r for r in summary["rows"] if "low_share_by_layer_type" in r]
     if shares:
@@ -371,6 +396,9 @@ def parse_args(argv=None):
     parser.add_argument("--topk-levels", type=float, nargs=2, default=(0.5, 0.1), metavar=("LOW", "HIGH"))
     parser.add_argument("--powersgd-ladder", type=int, nargs="+", default=(4, 2, 1), help="for the policies' rows")
     parser.add_argument("--topk-ladder", type=float, nargs="+", default=(0.5, 0.25, 0.1), help="for the policies' rows")
+    parser.add_argument("--quantized-levels", type=int, nargs=2, default=(8, 4), metavar=("LOW", "HIGH"), help="bits")
+    parser.add_argument("--quantized-ladder", type=int, nargs="+", default=(8, 4, 2),
+                        help="for the policies' rows, and a static row for each bits")
     parser.add_argument("--batch-multiplier", type=int, default=4, help="the large batch, in small batches")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--rows", nargs="+", default=["*"], help="family/setting/variant patterns")

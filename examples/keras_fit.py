@@ -27,6 +27,7 @@ COMPRESSIONS = {
     "accordion-topk": hvd.Compression.topk(0.99, 0.1), "accordion": hvd.Compression.powersgd(2, 1),
     "none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
     "rank1": hvd.Compression.powersgd(1), "topk": hvd.Compression.topk(0.1),
+    "quantized": hvd.Compression.quantized(4),  # one level: a traced TF step keeps its bits
 }
 
 

@@ -40,6 +40,8 @@ COMPRESSIONS = {
     "topk": hvd.Compression.topk(0.1),
     "fp16": hvd.Compression.fp16,
     "accordion-topk": hvd.Compression.topk(0.99, 0.1),
+    "quantized": hvd.Compression.quantized(4),
+    "accordion-quantized": hvd.Compression.quantized(8, 4),
 }
 
 
@@ -103,7 +105,8 @@ def train_and_compare(args, name):
         # The comparison Accordion is about: the same run at static ℓ_low, quietly, on every rank.
         static_low = type(compression)(levels[0])
         low_accuracy, low_sent = train(args, static_low, report=False)
-        low_name = f"rank {levels[0]}" if isinstance(static_low, hvd.Compression.powersgd) else f"TopK {levels[0]:g}"
+        low_name = {hvd.Compression.powersgd: f"rank {levels[0]}", hvd.Compression.topk: f"TopK {levels[0]:g}",
+                    hvd.Compression.quantized: f"{levels[0]} bits"}[type(static_low)]
         lines += [f"[rank 0] static ℓ_low ({low_name}): test accuracy {low_accuracy:.3f}, {low_sent / 1e3:.1f} kB "
                   f"sent per rank",
                   f"[rank 0] {name} sent {sent / low_sent:.2f}x the bytes of static ℓ_low, at "

@@ -137,11 +137,13 @@ def main(args):
         log.write_new_checks(stats, epoch)
         record = {"event": "epoch", "epoch": epoch, "test_accuracy": round(accuracy, 2),
                   "loss": round(float(loss_sum[0] / loss_sum[1]), 5),
-                  "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
-                  "levels": levels, "global_batch": global_batch}
+                  "bytes_sent_per_rank": stats["total_bytes_sent"],
+                  "wire_bytes_sent_per_rank": stats["total_wire_bytes_sent"], "wall_time_s": round(seconds, 3),
+                  "lr": lr, "levels": levels, "global_batch": global_batch}
         log.write(record)
         show_epoch(bar, record, acc=record["test_accuracy"])
-    log.finish(record, ("test_accuracy", "bytes_sent_per_rank", "wall_time_s"), args.compression,
+    log.finish(record, ("test_accuracy", "bytes_sent_per_rank", "wire_bytes_sent_per_rank", "wall_time_s"),
+               args.compression,
                f"test accuracy {record['test_accuracy']:.2f} %")
     return record
 

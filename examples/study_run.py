@@ -7,9 +7,10 @@ import horovod_accordion.torch as hvd
 
 def add_compression_arguments(parser, levels):
     """``--compression``, ``--levels`` (default ``levels``), ``--policy`` and ``--slack``."""
-    parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk"], default="powersgd")
+    parser.add_argument("--compression", choices=["none", "fp16", "powersgd", "topk", "quantized"], default="powersgd")
     parser.add_argument("--levels", type=float, nargs="+", metavar="LEVEL", default=levels,
-                        help="ℓ_low and ℓ_high: PowerSGD ranks or TopK kept fractions (a ladder for --policy)")
+                        help="ℓ_low and ℓ_high: PowerSGD ranks, TopK kept fractions or quantized bits (a ladder "
+                             "for --policy)")
     parser.add_argument("--policy", choices=["accordion", "error_budget", "phase"], default="accordion",
                         help="how the levels are chosen from --levels: see horovod_accordion.core.policies")
     parser.add_argument("--slack", type=float, default=2.0, help="error_budget: the error allowed over ℓ_low's")
@@ -22,6 +23,8 @@ def compression_of(args):
                                         ladder=tuple(int(level) for level in args.levels))
     if args.compression == "topk":
         return hvd.Compression.topk(low, high, ladder=tuple(args.levels))
+    if args.compression == "quantized":
+        return hvd.Compression.quantized(int(low), int(high), ladder=tuple(int(level) for level in args.levels))
     return {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[args.compression]
 
 
@@ -59,7 +62,8 @@ class RunRecord:
         if self.file:
             self.file.close()
         if self.rank == 0:
-            print(f"[rank 0] {compression}: {score}, {record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank, "
+            print(f"[rank 0] {compression}: {score}, {record['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank "
+                  f"({record['wire_bytes_sent_per_rank'] / 1e6:.2f} MB on its link), "
                   f"{record['wall_time_s']:.1f} s", flush=True)
 
 

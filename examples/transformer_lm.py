@@ -205,11 +205,13 @@ def main(args):
         log.write_new_checks(stats, window)
         record = {"event": "epoch", "epoch": window, "validation_loss": round(loss, 5),
                   "perplexity": round(perplexity(loss), 4), "loss": round(float(losses[0] / losses[1]), 5),
-                  "bytes_sent_per_rank": stats["total_bytes_sent"], "wall_time_s": round(seconds, 3), "lr": lr,
-                  "levels": levels}
+                  "bytes_sent_per_rank": stats["total_bytes_sent"],
+                  "wire_bytes_sent_per_rank": stats["total_wire_bytes_sent"], "wall_time_s": round(seconds, 3),
+                  "lr": lr, "levels": levels}
         log.write(record)
         show_epoch(bar, record, validation=record["validation_loss"])
-    log.finish(record, ("validation_loss", "perplexity", "bytes_sent_per_rank", "wall_time_s"), args.compression,
+    log.finish(record, ("validation_loss", "perplexity", "bytes_sent_per_rank", "wire_bytes_sent_per_rank",
+                        "wall_time_s"), args.compression,
                f"validation loss {record['validation_loss']:.4f} nats per byte")
     return record
 

@@ -37,7 +37,8 @@ def launched_once(script, compressions, *args, **options):
     return runs
 
 
-pytorch_demo = launched_once("pytorch_demo.py", ["accordion", "none", "fp16", "rank1", "topk", "accordion-topk"],
+pytorch_demo = launched_once("pytorch_demo.py", ["accordion", "none", "fp16", "rank1", "topk", "accordion-topk",
+                                                 "quantized", "accordion-quantized"],
                              "--epochs", "4", "--interval", "2", "--decay-epoch", "3")
 
 
@@ -57,11 +58,13 @@ def test_pytorch_demo_loss_goes_down_on_both_ranks_and_prints_levels(pytorch_dem
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "topk", "accordion-topk"])
+@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "topk", "accordion-topk", "quantized",
+                                         "accordion-quantized"])
 def test_pytorch_demo_with_every_compression(pytorch_demo, compression):
     output = pytorch_demo[compression]
     assert f"{compression}: test accuracy" in output, output
     assert ("static ℓ_low (TopK 0.99)" in output) == (compression == "accordion-topk"), output
+    assert ("static ℓ_low (8 bits)" in output) == (compression == "accordion-quantized"), output
 
 
 @pytest.mark.multiworker
@@ -71,7 +74,8 @@ def test_batch_switch_example_reports_traffic():
     assert "'mode': 'accordion'" in output, output
 
 
-keras_fit = launched_once("keras_fit.py", ["accordion-topk", "none", "fp16", "rank1", "accordion"], "--epochs", "3")
+keras_fit = launched_once("keras_fit.py", ["accordion-topk", "none", "fp16", "rank1", "accordion", "quantized"],
+                          "--epochs", "3")
 
 
 @pytest.mark.multiworker
@@ -81,7 +85,7 @@ def test_keras_fit_example(keras_fit):
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "accordion"])
+@pytest.mark.parametrize("compression", ["none", "fp16", "rank1", "accordion", "quantized"])
 def test_keras_fit_example_with_every_compression(keras_fit, compression):
     output = keras_fit[compression]
     assert "test accuracy" in output, output
@@ -94,7 +98,7 @@ def test_keras_fit_example_with_batch_switching():
     assert output.count("micro-batches per step") == 3 and "test accuracy" in output, output
 
 
-KERAS3_COMPRESSIONS = ["accordion-topk", "accordion", "none", "fp16", "rank1", "topk"]
+KERAS3_COMPRESSIONS = ["accordion-topk", "accordion", "none", "fp16", "rank1", "topk", "quantized"]
 keras3_fit = launched_once("keras3_fit.py", KERAS3_COMPRESSIONS, "--epochs", "3", env={"TF_USE_LEGACY_KERAS": ""})
 
 
@@ -118,7 +122,7 @@ def ddp_plots(tmp_path_factory):
     return tmp_path_factory.mktemp("ddp-plots")
 
 
-DDP_COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "topk", "accordion-topk"]
+DDP_COMPRESSIONS = ["accordion", "none", "fp16", "rank1", "topk", "accordion-topk", "quantized", "accordion-quantized"]
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +181,8 @@ def test_fsdp_example_with_every_compression(fsdp_example, compression):
 @pytest.mark.multiworker
 @pytest.mark.parametrize("compression", [["none"], ["fp16"], ["powersgd", "--levels", "4", "4"],
                                          ["powersgd", "--levels", "4", "1"], ["topk", "--levels", "0.1", "0.1"],
-                                         ["topk", "--levels", "0.5", "0.1"]], ids=" ".join)
+                                         ["topk", "--levels", "0.5", "0.1"], ["quantized", "--levels", "4", "4"],
+                                         ["quantized", "--levels", "8", "4"]], ids=" ".join)
 def test_transformer_example_with_every_compression(compression):
     output = run_example("transformer_lm.py", "--windows", "2", "--steps-per-window", "4", "--interval", "1",
                          "--warmup-steps", "2", "--validation-sequences", "16", "--compression", *compression)
@@ -185,7 +190,7 @@ def test_transformer_example_with_every_compression(compression):
     losses = [float(x) for x in re.findall(r"train: epoch [12]/2 .* validation ([0-9.]+)", output)]
     assert len(losses) == 2 and losses[1] < losses[0], output
     levels = re.findall(r"train: epoch 2/2 .* levels ?(\S*)", output)
-    assert levels and (levels[0] != "") == (compression[0] in ("powersgd", "topk")), output
+    assert levels and (levels[0] != "") == (compression[0] in ("powersgd", "topk", "quantized")), output
 
 
 def test_a_diverged_transformer_run_goes_on_and_records_it():

@@ -231,11 +231,9 @@ class CollectiveOps(Protocol):
 
     def allreduce_means(self, tensors: List[Tensor], name: str, compression: Any = None) -> List[Tensor]: ...
 
-    def take_bytes_sent(self) -> int:
-        """The bytes handed to collectives since the last call."""
-
-    def take_wire_bytes_sent(self) -> int:
-        """The bytes that crossed this rank's link since the last call (``collectives.wire_share``)."""
+    def take_traffic(self) -> Any:
+        """The bytes handed to collectives and those that crossed this rank's link
+        (``collectives.wire_share``) since the last call, as a ``collectives.Traffic``."""
 
     def agree_max(self, value: float, name: str) -> float:
         """The largest ``value`` over ranks, on every rank: blocking, on the host (it reads no

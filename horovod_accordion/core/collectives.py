@@ -7,7 +7,18 @@ Each backend supplies the collectives of one flat tensor (``start_allreduce_mean
 ``powerSGD_hook`` buckets them, is written here once. Imports no framework.
 """
 
-__all__ = ["Collectives", "Done", "wire_share"]
+from typing import NamedTuple
+
+__all__ = ["Collectives", "Done", "Traffic", "wire_share"]
+
+
+class Traffic(NamedTuple):
+    """What one rank sent: the bytes it handed to collectives, and those that crossed its link."""
+    handed: int = 0
+    wire: int = 0
+
+    def __add__(self, other):
+        return Traffic(self.handed + other.handed, self.wire + other.wire)
 
 
 def wire_share(collective, size):
@@ -70,15 +81,11 @@ class Collectives:
         self.bytes_sent, self.wire_bytes_sent = counted
         return max(self.tensors.to_floats(gathered.reshape(-1)))
 
-    def take_bytes_sent(self):
-        """The bytes handed to collectives since the last call (see ``take_wire_bytes_sent``)."""
-        sent, self.bytes_sent = self.bytes_sent, 0
-        return sent
-
-    def take_wire_bytes_sent(self):
-        """The bytes that crossed this rank's link since the last call, by ``wire_share``."""
-        sent, self.wire_bytes_sent = self.wire_bytes_sent, 0
-        return round(sent)
+    def take_traffic(self):
+        """The ``Traffic`` since the last call."""
+        traffic = Traffic(self.bytes_sent, round(self.wire_bytes_sent))
+        self.bytes_sent, self.wire_bytes_sent = 0, 0
+        return traffic
 
 
 class Done:

@@ -162,13 +162,13 @@ class BucketedExchange:
             return outputs
         return {layer: self.tensors.scaled(average, self.scale) for layer, average in outputs.items()}
 
-    def end_step(self, micro_batches=1, record=None, bytes_sent=None):
-        """Count the step and log its bytes (by default what the collectives counted since the
-        last step) and ``record``'s fields; close the window if the step completes one."""
+    def end_step(self, micro_batches=1, record=None, traffic=None):
+        """Count the step and log its ``Traffic`` (by default what the collectives counted since
+        the last step) and ``record``'s fields; close the window if the step completes one."""
         self.lr_agreed = False
         window_complete = self.accordion.step_done(micro_batches)
-        bytes_sent = self._take_bytes_sent() if bytes_sent is None else bytes_sent
-        self.accordion.log.record_step(self.accordion.step, bytes_sent, **(record or {}))
+        traffic = self._take_traffic() if traffic is None else traffic
+        self.accordion.log.record_step(self.accordion.step, traffic, **(record or {}))
         if window_complete:
             self.end_window()
 
@@ -224,7 +224,9 @@ class BucketedExchange:
             rungs = len(accordion.ladder)
             errors = {layer: errors[n * rungs:(n + 1) * rungs] for n, layer in enumerate(reducer.compressed)} \
                 if errors else None
-            decided = accordion.end_window(squared, errors=errors, bytes_sent=self._take_bytes_sent())
+            traffic = self._take_traffic()
+            decided = accordion.end_window(squared, errors=errors, bytes_sent=traffic.handed,
+                                           wire_bytes_sent=traffic.wire)
         else:
             decided = accordion.end_window()
         if decided:
@@ -248,9 +250,9 @@ class BucketedExchange:
         averaged = self.tensors.to_floats(self.world.start_allreduce_mean(table, name).wait())
         return [self.shards * value for value in averaged]
 
-    def _take_bytes_sent(self):
-        sent = self.collectives.take_bytes_sent()
-        return sent + self.world.take_bytes_sent() if self.world is not self.collectives else sent
+    def _take_traffic(self):
+        traffic = self.collectives.take_traffic()
+        return traffic + self.world.take_traffic() if self.world is not self.collectives else traffic
 
     def _warn_non_finite(self, counts):
         accordion = self.accordion
@@ -287,7 +289,7 @@ class BucketedExchange:
         mine = [float(level) for level in accordion.levels] + [float(accordion.step),
                                                                float(accordion.detector.windows_seen)]
         rows = tensors.to_floats(collectives.start_allgather(tensors.from_floats(mine), "verify_levels").wait())
-        collectives.take_bytes_sent()  # a debugging aid, not the algorithm's traffic
+        collectives.take_traffic()  # a debugging aid, not the algorithm's traffic
         if any(row != rows[0] for row in rows):
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]
             names = accordion.layer_names

@@ -1,5 +1,6 @@
-"""What the optimizer reports: bytes on the wire per step, and each layer's level per check,
-as a dict, as JSONL and, optionally, as TensorBoard scalars."""
+"""What the optimizer reports: the bytes each rank sent per step (those it handed to collectives,
+and those that crossed its link), and each layer's level per check, as a dict, as JSONL and,
+optionally, as TensorBoard scalars."""
 
 import collections
 import json
@@ -25,10 +26,12 @@ class CommunicationLog:
         self.path = path
         self.scalars = scalars
         self.bytes_per_step = collections.deque(maxlen=HISTORY_STEPS)
+        self.wire_bytes_per_step = collections.deque(maxlen=HISTORY_STEPS)
         self.steps_extra = collections.deque(maxlen=HISTORY_STEPS)
         self.checks = []
         self.steps = 0
         self.step_bytes_sent = 0  # over every step, also those no longer in ``bytes_per_step``
+        self.step_wire_bytes_sent = 0
         self._stream = None
 
     @classmethod
@@ -39,14 +42,19 @@ class CommunicationLog:
             return cls()
         return cls(path, None if tensorboard_dir is None else writer(tensorboard_dir))
 
-    def record_step(self, step, bytes_sent, **extra):
+    def record_step(self, step, traffic, **extra):
+        """``traffic``: the step's ``collectives.Traffic``."""
+        handed, wire = int(traffic.handed), int(traffic.wire)
         self.steps += 1
-        self.step_bytes_sent += int(bytes_sent)
-        self.bytes_per_step.append(int(bytes_sent))
+        self.step_bytes_sent += handed
+        self.step_wire_bytes_sent += wire
+        self.bytes_per_step.append(handed)
+        self.wire_bytes_per_step.append(wire)
         self.steps_extra.append(extra)
-        self._write({"event": "step", "step": step, "bytes_sent": int(bytes_sent), **extra})
+        self._write({"event": "step", "step": step, "bytes_sent": handed, "wire_bytes_sent": wire, **extra})
         if self.scalars is not None:
-            self.scalars.add_scalar("accordion/bytes_per_step", int(bytes_sent), step)
+            self.scalars.add_scalar("accordion/bytes_per_step", handed, step)
+            self.scalars.add_scalar("accordion/wire_bytes_per_step", wire, step)
 
     def record_check(self, step, window, levels, ratios, norms, **extra):
         record = {"event": "check", "step": step, "window": window, "levels": dict(levels),
@@ -68,12 +76,17 @@ class CommunicationLog:
         self._write(record)
 
     def as_dict(self):
-        """``bytes_per_step`` and ``steps_extra`` cover the last ``HISTORY_STEPS`` steps; ``steps``
-        and ``total_bytes_sent`` every step."""
+        """``bytes_per_step``, ``wire_bytes_per_step`` and ``steps_extra`` cover the last
+        ``HISTORY_STEPS`` steps; ``steps``, ``total_bytes_sent`` and ``total_wire_bytes_sent``
+        every step. ``bytes``: handed to the collectives; ``wire_bytes``: across the rank's link,
+        as ``collectives.wire_share`` counts them (a ring allreduce 2(W − 1)/W of its buffer, an
+        all-gather W − 1 times the rank's part, an all-to-all (W − 1)/W)."""
         return {
             "steps": self.steps,
             "bytes_per_step": list(self.bytes_per_step),
+            "wire_bytes_per_step": list(self.wire_bytes_per_step),
             "total_bytes_sent": self.step_bytes_sent + sum(c.get("bytes_sent", 0) for c in self.checks),
+            "total_wire_bytes_sent": self.step_wire_bytes_sent + sum(c.get("wire_bytes_sent", 0) for c in self.checks),
             "steps_extra": list(self.steps_extra),
             "checks": list(self.checks),
         }

@@ -9,6 +9,7 @@ Counting a micro-batch is idempotent until the next one begins, so an explicit
 """
 
 from horovod_accordion.core.batch import MicroBatchCounter
+from horovod_accordion.core.collectives import Traffic
 
 __all__ = ["StepDriver", "watched_lr"]
 
@@ -89,12 +90,12 @@ class StepDriver:
         calls), the last of them the one just completed, and log the bytes that the collectives
         counted with the last one, and its batch."""
         completed, self.completed = self.completed, None
-        bytes_sent = self.exchange.collectives.take_bytes_sent()
+        traffic = self.exchange.collectives.take_traffic()
         for k in range(count):
             last = k == count - 1
             record = completed["record"] if last and completed else None
             micro_batches = record["micro_batches"] if record else self.backward_passes_per_step
-            self.exchange.end_step(micro_batches, record, bytes_sent=bytes_sent if last else 0)
+            self.exchange.end_step(micro_batches, record, traffic=traffic if last else Traffic())
 
     def reset(self):
         """After a restore: no micro-batch is counted, and no step is in progress."""

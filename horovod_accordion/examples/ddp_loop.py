@@ -4,7 +4,7 @@ import argparse
 
 import torch
 
-from horovod_accordion.ddp import Compression, PowerSGD, TopK
+from horovod_accordion.ddp import Compression, PowerSGD, Quantized, TopK
 from horovod_accordion.examples.data import CLASSES, FEATURES, synthetic_shards
 from horovod_accordion.examples.runs import announce
 
@@ -14,6 +14,8 @@ COMPRESSIONS = {
     "rank2": PowerSGD(2),
     "topk": TopK(0.1),
     "accordion-topk": TopK(0.99, 0.1),
+    "quantized": Quantized(4),
+    "accordion-quantized": Quantized(8, 4),
     "none": Compression.none,  # the baselines: each bucket in one allreduce, as DDP's own, with its bytes logged
     "fp16": Compression.fp16,
 }

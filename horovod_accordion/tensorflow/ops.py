@@ -6,7 +6,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from horovod_accordion.core.arguments import under_elastic
-from horovod_accordion.core.collectives import Done, wire_share
+from horovod_accordion.core.collectives import Done, Traffic, wire_share
 from horovod_accordion.core.process_sets import HorovodProcessSetCollectives
 
 __all__ = ["TensorFlowCollectives"]
@@ -83,12 +83,8 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         share = wire_share(collective, tf.cast(self.size(), tf.float64))
         self.wire_bytes_sent.assign_add(share * tf.cast(handed, tf.float64))
 
-    def take_bytes_sent(self):
-        sent = int(self.bytes_sent.numpy())
+    def take_traffic(self):
+        traffic = Traffic(int(self.bytes_sent.numpy()), round(float(self.wire_bytes_sent.numpy())))
         self.bytes_sent.assign(0)
-        return sent
-
-    def take_wire_bytes_sent(self):
-        sent = round(float(self.wire_bytes_sent.numpy()))
         self.wire_bytes_sent.assign(0)
-        return sent
+        return traffic

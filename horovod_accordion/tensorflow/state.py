@@ -176,7 +176,7 @@ class AccordionState(tf.Module):
                              f"with another model, compression or configuration")
         for variable, value in zip(variables, values):
             variable.assign(value)
-        self._collectives.take_bytes_sent()  # an elastic restore: the failed step's traffic is no step's
+        self._collectives.take_traffic()  # an elastic restore: the failed step's traffic is no step's
 
     def broadcast_shared_state(self, root_rank):
         """Give every rank ``root_rank``'s levels, detector, Q, step and micro-batch counters,

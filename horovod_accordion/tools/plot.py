@@ -184,10 +184,12 @@ def study_figures(summary, curves, out_dir):
     from matplotlib.ticker import FuncFormatter
 
     figure, ax = plt.subplots(figsize=(7, 5))
-    markers = {"powersgd": "o", "topk": "s", "batch": "^"}
+    markers = {"powersgd": "o", "topk": "s", "batch": "^", "quantized": "D"}
     drawn = set()
     for row in summary["rows"]:
-        point = (row["bytes_per_rank_mean"], row[f"{metric}_mean"], row[f"{metric}_std"])
+        if row.get("wire_bytes_per_rank_mean") is None:  # a TopK run recorded before wire bytes were
+            continue
+        point = (row["wire_bytes_per_rank_mean"], row[f"{metric}_mean"], row[f"{metric}_std"])
         if point in drawn:  # a run shared by several families (uncompressed): one point, one label
             continue
         drawn.add(point)
@@ -201,7 +203,7 @@ def study_figures(summary, curves, out_dir):
     ax.set_xscale("log")
     for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
         axis(FuncFormatter(lambda value, _: f"{value:g}"))
-    ax.set_xlabel("MB sent per rank (log)")
+    ax.set_xlabel("MB across each rank's link (log)")
     ax.set_ylabel(f"final {label}, ± 1 std")
     ax.set_title(f"{stem.replace('_', ' ')} against traffic (red: Accordion)")
     written.append(_save(figure, out_dir / f"{stem}_vs_bytes.png"))

@@ -362,7 +362,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._steps.reset()
         self._reset_buckets()  # an elastic restore after a failed step: its collectives are gone
-        self._collectives.take_bytes_sent()  # and their traffic is no step's
+        self._collectives.take_traffic()  # and their traffic is no step's
 
     def _owns(self, saved):
         """Whether ``saved``'s per-rank part is this process's own: saved by it (an elastic commit,

@@ -45,7 +45,7 @@ def two_shot_matches_the_float64_reference(collectives, as_tensor=torch.from_num
     reference = TwoShot([math.prod(s) for s in SHAPES], size, BLOCK)
     sum_out = [np.zeros(math.prod(s)) for s in SHAPES]
     sum_true = [np.zeros(math.prod(s)) for s in SHAPES]
-    collectives.take_wire_bytes_sent()
+    collectives.take_traffic()
     for step, bits in enumerate(BITS):
         reducer.set_levels(bits)
         grads = [rank_gradients(r, step) for r in range(size)]
@@ -60,7 +60,7 @@ def two_shot_matches_the_float64_reference(collectives, as_tensor=torch.from_num
                                   reference.owner_memory[rank][i]), (step, i)
             sum_out[i] += ours
             sum_true[i] += np.mean([np.asarray(g[i], dtype=np.float64).reshape(-1) for g in grads], axis=0)
-        sent = collectives.take_wire_bytes_sent()
+        sent = collectives.take_traffic().wire
         assert sent == wire_bytes(bits, size), (step, sent, wire_bytes(bits, size))
     # Σ out − Σ true average = −(mean of the ranks' memories + the owners' memories), up to the
     # fp32 roundings of each step, each within 2⁻²⁴ of the step's largest magnitude: M = g + e,
