@@ -8,10 +8,10 @@ Run by ``benchmarks/speed.sh`` once per link, inside that link's network namespa
 Every variant is built once and timed in rounds, all interleaved in one job, so the ratios
 come from the same machine at the same time; DDP runs in the same processes over its own
 Gloo process group on the same link. A figure is the median of the timed steps of every
-round, after each round's warm-up steps. ``bytes_per_step`` is what each rank sends:
-Accordion's own count for ours, the shapes' count for Horovod and DDP (the same rules as
-torch's ``powerSGD_hook``). ``wire_bound_s`` is the time the shared link needs for both
-ranks' bytes: with 2 ranks a ring allreduce and an allgather send each rank's bytes once.
+round, after each round's warm-up steps. ``bytes_per_step`` is what crosses each rank's link:
+Accordion's own count (``wire_bytes_per_step``) for ours, the shapes' count for Horovod and DDP
+(the same rules as torch's ``powerSGD_hook``). ``wire_bound_s`` is the time the shared link needs
+for both ranks' bytes.
 ``median_forward_s`` is the forward pass alone, timed in the same steps: the advisor's
 validation (``advise_validation.py``) scales its profile by it, per variant.
 """
@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import horovod.torch as horovod
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook, quantization_hooks
 
 import horovod_accordion.torch as hvd
 from horovod_accordion import ddp as accordion_ddp
@@ -88,8 +88,12 @@ VARIANTS = {
     "ours topk 0.01": ("ours", ours(hvd.Compression.topk(0.01))),
     "ours topk 0.1": ("ours", ours(hvd.Compression.topk(0.1))),
     "ours accordion topk 0.99/0.1": ("ours", ours(hvd.Compression.topk(0.99, 0.1), **CHECKING)),
+    "ours quantized 8": ("ours", ours(hvd.Compression.quantized(8))),
+    "ours quantized 4": ("ours", ours(hvd.Compression.quantized(4))),
     "ddp allreduce": ("ddp", ddp()),
     "ddp fp16_compress_hook": ("ddp", ddp(default_hooks.fp16_compress_hook, None)),
+    # torch's 8-bit hook: every rank's uint8 copy of a bucket, all-gathered, with no error feedback.
+    "ddp quantization_pertensor_hook": ("ddp", ddp(quantization_hooks.quantization_pertensor_hook, None)),
     # One bucket: with several, torch's hook issues a bucket's P and Q allreduces from Gloo's
     # callback thread, racing the next bucket's allreduce, and aborted every job here ("Received
     # data size doesn't match expected size").
@@ -126,6 +130,8 @@ def shape_bytes(model, kind, rank=None):
         return 4 * sum(torch.Size(s).numel() for s in shapes)
     if kind == "fp16":
         return 2 * sum(torch.Size(s).numel() for s in shapes)
+    if kind == "uint8":  # and a scale and zero point per bucket
+        return sum(torch.Size(s).numel() for s in shapes)
     config = PowerSGD(rank, rank)
     return 4 * sum(rank * sum(matrix_shape(s)) if powersgd_compresses(s, config) else torch.Size(s).numel()
                    for s in shapes)
@@ -188,12 +194,16 @@ class Variant:
             self.state.accordion_stats() if self.state is not None else None
 
     def bytes_per_step(self):
+        """The bytes that cross a rank's link per step: Accordion's count, or the shapes' (at 2
+        ranks an allreduce's and an allgather's are the bytes each rank hands over)."""
         if self.accordion_stats() is not None:
-            return self.accordion_stats()["bytes_per_step"][-1]
+            return self.accordion_stats()["wire_bytes_per_step"][-1]
         if self.kind == "local":
             return 0
         if self.name == "ddp fp16_compress_hook":
             return shape_bytes(self.model, "fp16")
+        if self.name == "ddp quantization_pertensor_hook":
+            return shape_bytes(self.model, "uint8")
         if self.name.startswith("ddp powersgd"):
             return shape_bytes(self.model, "powersgd", rank=int(self.name[-1]))
         return shape_bytes(self.model, "dense")

@@ -1,8 +1,11 @@
 """The advisor (``python -m horovod_accordion.advise``): its bytes against our optimizer's, the
 wire model and the overlap schedule on hand-computed cases, the CLI on a committed profile (its
-argument errors, no matplotlib, a profile taken on a busy machine), and the validation against
-GRACE's published throughputs (``benchmarks/advise_grace.py``)."""
+argument errors, no matplotlib, a profile taken on a busy machine), the validation against
+GRACE's published throughputs (``benchmarks/advise_grace.py``), and Quantized's variants and bytes
+on world sizes not profiled."""
+import copy
 import json
+import math
 import os
 import pathlib
 import re
@@ -17,7 +20,9 @@ from horovod_accordion.advise.__main__ import main as advise
 from horovod_accordion.advise.hsdp import predict_hsdp, shard_shape
 from horovod_accordion.advise.predict import predict
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
+from horovod_accordion.advise.variants import parse_variant
 from horovod_accordion.advise.wire import Link, collective_seconds, parse_link
+from horovod_accordion.core.compression import Quantized, padded_length, quantized_bytes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROFILE = REPO / "benchmarks" / "results" / "profiles" / "resnet18-cifar_cpu_1thread.json"
@@ -28,7 +33,7 @@ SLOW = Link("8mbit", 8e6, latency_s=1e-3)
 @pytest.mark.multiworker
 def test_bytes_equal_the_optimizers_count_per_variant(launches):
     pairs = launches("advise_checks", "gloo").check("check_bytes_per_variant")[0]
-    assert len(pairs) == 10
+    assert len(pairs) == 13
     assert {name: real for name, (real, _) in pairs.items()} == {name: advised for name, (_, advised) in pairs.items()}
     assert pairs["powersgd:1/fixed"][0] < pairs["powersgd:2/fixed"][0] < pairs["none/fixed"][0]
 
@@ -51,6 +56,20 @@ def test_ring_allreduce_and_allgather_by_hand():
     # The benchmarks' shared loopback: 2 ranks' 44.7 MB through one 1 Gbit/s link, as speed.py's bound.
     shared = parse_link("1gbit", latency_s=0, shared_by=2)
     assert collective_seconds("allreduce", 44_695_848, 2, shared) == pytest.approx(0.7151, abs=1e-4)
+
+
+def test_all_to_all_by_hand_and_quantizeds_two_shots_cost_a_ring_allreduce():
+    # W = 4, 1 MB per rank, 0.25 MB for each rank: 3 pairwise steps of 0.25 MB, whatever the algorithm.
+    assert collective_seconds("alltoall", 1e6, 4, SLOW) == pytest.approx(3 * 1e-3 + 0.75)
+    assert collective_seconds("alltoall", 1e6, 4, SLOW, "tree") == collective_seconds("alltoall", 1e6, 4, SLOW)
+    assert collective_seconds("alltoall", 1e6, 1, SLOW) == 0.0
+    # Quantized's all-to-all of B and all-gather of B/W: 2(W − 1)/W·B, as a ring allreduce of B.
+    for workers in (2, 5, 64):
+        two_shots = collective_seconds("alltoall", 1e6, workers, SLOW) + \
+            collective_seconds("allgather", 1e6 / workers, workers, SLOW)
+        assert two_shots == pytest.approx(collective_seconds("allreduce", 1e6, workers, SLOW))
+    with pytest.raises(ValueError, match="'alltoall'"):
+        collective_seconds("all_to_all", 1e6, 4, SLOW)
 
 
 def _powersgd_bucket(ready):
@@ -118,8 +137,9 @@ def _advise(*argv, env=None):
 
 
 @pytest.mark.parametrize("argv, accepted", [
-    (["--compressions", "none,powersgd"], ["'powersgd': the rank is missing", "powersgd:R", "topk:F",
-                                           "accordion:powersgd:LOW/HIGH", "accordion:topk:LOW/HIGH"]),
+    (["--compressions", "none,powersgd"], ["'powersgd': the rank is missing", "powersgd:R", "topk:F", "quantized:B",
+                                           "accordion:powersgd:LOW/HIGH", "accordion:topk:LOW/HIGH",
+                                           "accordion:quantized:LOW/HIGH"]),
     (["--link", "10gb"], ["link '10gb'", "mbit, gbit or tbit", "10gbit"]),
     (["--workers", "4,sixteen"], ["world sizes are positive integers", "4,16,64"]),
     (["--check-every", "0"], ["a positive integer, got '0'"]),
@@ -331,3 +351,91 @@ def test_the_unreliable_warning_comes_before_the_verdicts_and_is_on_the_picture(
     out = capsys.readouterr().out
     assert out.index("UNRELIABLE PROFILE") < out.index("4 workers, 10gbit:"), out
     assert any("UNRELIABLE PROFILE" in text and "backward 3.0×" in text for text in drawn), drawn
+
+
+# --- Quantized: its variants, and its bytes on every world size ---------------------------------
+
+
+@pytest.mark.parametrize("text, bits", [("quantized:4", (4, 4)), (" Quantized:2", (2, 2)), ("quantized:8", (8, 8)),
+                                        ("accordion:quantized:8/4", (8, 4)), ("accordion:quantized:8/2", (8, 2))])
+def test_quantized_variants_parse(text, bits):
+    variant = parse_variant(text)
+    assert variant.compression == Quantized(*bits) and (variant.level("low"), variant.level("high")) == bits
+    assert variant.level_keys == (("low", "high") if bits[0] != bits[1] else ("fixed",))
+
+
+@pytest.mark.parametrize("text, why", [
+    ("quantized", "the bit width is missing"),
+    ("quantized:4.5", "the bit width is not a number: '4.5'"),
+    ("quantized:9", "from 2 to 8, got 9"),
+    ("quantized:1", "from 2 to 8, got 1"),
+    ("accordion:quantized:8", "ℓ_high's bit width is missing"),
+    ("accordion:quantized:4/8", "swap them"),
+    ("quantised:4", "unknown compression"),
+])
+def test_a_misspelt_quantized_variant_says_why_and_lists_the_accepted_forms(text, why):
+    with pytest.raises(ValueError) as raised:
+        parse_variant(text)
+    message = str(raised.value)
+    assert why in message and "quantized:B (B bits per value, 2 to 8" in message, message
+    assert "accordion:quantized:LOW/HIGH (e.g. accordion:quantized:8/4)" in message, message
+
+
+QUANTIZED = ("quantized:4", "accordion:quantized:8/3")
+
+
+@pytest.fixture(scope="module")
+def quantized_profile():
+    """A profile of a small model (a 40×50 layer, and layers smaller than a block) with the
+    quantized variants on 2 and 8 workers: one second."""
+    import torch
+    from horovod_accordion.advise.profile import profile_model
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 50), torch.nn.ReLU(), torch.nn.Linear(50, 3))
+    inputs, targets = torch.randn(4, 40), torch.randint(0, 3, (4,))
+    return profile_model(model, inputs, targets, [parse_variant(name) for name in QUANTIZED], [2, 8],
+                         layouts=("horovod", "hsdp:2"), repeats=1)
+
+
+def _wire(levels):
+    return {key: ([[s["collectives"] for s in b["segments"]] for b in exchange["buckets"]], exchange["step_bytes"],
+                  exchange["check_collectives"]) for key, exchange in levels.items()}
+
+
+def test_a_quantized_exchange_on_a_world_size_not_profiled_has_the_bytes_profiled_there(quantized_profile):
+    """Each layer is padded to W parts of whole blocks, so the bytes depend on W: recomputed from
+    the layers (their shards in hybrid sharding), they are those the reducer hands over there."""
+    from horovod_accordion.advise.predict import exchange_of, same_at_every_world_size
+    for variant in QUANTIZED:
+        assert not same_at_every_world_size(variant)
+        for layout, sizes in quantized_profile["exchanges"][variant].items():
+            assert _wire(sizes["2"]) != _wire(sizes["8"]), (variant, layout)
+            for workers, other in (("2", "8"), ("8", "2")):
+                only_other = copy.deepcopy(quantized_profile)
+                del only_other["exchanges"][variant][layout][workers]
+                derived = exchange_of(only_other, variant, layout, int(workers))
+                assert _wire(derived) == _wire(sizes[workers]), (variant, layout, workers)
+                assert [s["compute_s"] for e in derived.values() for b in e["buckets"] for s in b["segments"]] == \
+                    [s["compute_s"] for e in sizes[other].values() for b in e["buckets"] for s in b["segments"]]
+
+
+def test_a_quantized_prediction_sends_twice_w_minus_1_over_w_of_the_quantized_bytes(quantized_profile):
+    """With every measured time zero, the step is the wire alone: one bucket's all-to-all and
+    all-gather, 2(W − 1) latencies and 2(W − 1)/W of the layers' quantized bytes, each layer
+    padded to W parts of whole blocks: on the world sizes profiled and on one derived (64)."""
+    timeless = copy.deepcopy(quantized_profile)
+    compute = timeless["compute"]
+    compute.update({key: [0.0] for key in ("forward_s", "backward_s", "optimizer_s")},
+                   layer_ready_s=[[0.0] for _ in compute["layer_ready_s"]])
+    for exchange in (e for sizes in timeless["exchanges"]["quantized:4"].values()
+                     for levels in sizes.values() for e in levels.values()):
+        for segment in (s for bucket in exchange["buckets"] for s in bucket["segments"]):
+            segment["compute_s"] = [0.0]
+    sizes = [math.prod(layer["shape"]) for layer in timeless["layers"]]
+    for workers in (2, 8, 64):
+        quantized = sum(quantized_bytes(padded_length(size, workers, 64), 4, 64) for size in sizes)
+        expected = 2 * (workers - 1) * SLOW.latency_s + 2 * (workers - 1) / workers * quantized / SLOW.bytes_per_s
+        predicted = predict(timeless, "quantized:4", "horovod", workers, SLOW)
+        assert predicted == {name: pytest.approx(expected) for name in ("fastest", "median", "slowest")}, workers
+    # 2000 + 50 + 150 + 3 values: 64 workers pad them to 4096 + 3 × 4096.
+    assert sum(padded_length(size, 64, 64) for size in sizes) == 16 * 1024

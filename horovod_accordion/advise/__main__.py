@@ -159,7 +159,8 @@ def main(argv=None):
     parser.add_argument("--profile-workers", type=_integers("world sizes", "2,8"), default=[],
                         help="more world sizes to record in a saved profile")
     parser.add_argument("--compressions", type=_compressions, default=DEFAULT_COMPRESSIONS,
-                        help="none, fp16, powersgd:R, topk:F, accordion:powersgd:LOW/HIGH, accordion:topk:LOW/HIGH")
+                        help="none, fp16, powersgd:R, topk:F, quantized:B, accordion:powersgd:LOW/HIGH, "
+                             "accordion:topk:LOW/HIGH, accordion:quantized:LOW/HIGH")
     parser.add_argument("--workers", type=_integers("world sizes", "4,16,64"), default="8,64,256",
                         help="the world sizes to predict (hsdp: replicas)")
     parser.add_argument("--link", type=_links, default="10gbit,25gbit,100gbit,400gbit",

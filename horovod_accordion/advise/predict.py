@@ -7,15 +7,16 @@ Accordion's step is the mix of its two levels' steps, weighted by the fraction o
 """
 
 import json
+import math
 import statistics
 
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
 from horovod_accordion.advise.variants import parse_variant
-from horovod_accordion.core.compression import TopK
+from horovod_accordion.core.compression import Quantized, TopK, padded_length, quantized_bytes
 from horovod_accordion.advise.wire import collective_seconds
 
 __all__ = ["STATISTICS", "SPREAD_LIMIT", "MissingExchange", "exchange_of", "predict", "low_fraction_from_study",
-           "same_at_every_world_size", "step_of", "unreliable_times"]
+           "quantized_at", "same_at_every_world_size", "step_of", "unreliable_times"]
 
 STATISTICS = {"fastest": min, "median": statistics.median, "slowest": max}
 # A profiled time whose slowest repeat took more than this many times its fastest was measured on
@@ -38,7 +39,8 @@ class MissingExchange(KeyError):
 def exchange_of(profile, variant, layout, workers):
     """The profiled exchange of ``variant`` in ``layout`` on ``workers``: ``{level key: exchange}``.
     One profiled on another world size serves where the exchange does not depend on it (see
-    ``same_at_every_world_size``); else a ``MissingExchange``."""
+    ``same_at_every_world_size``), and a Quantized one with its bytes recomputed for ``workers``
+    (``quantized_at``); else a ``MissingExchange``."""
     layouts = profile["exchanges"].get(variant, {})
     sizes = layouts.get(layout, {})
     if str(workers) in sizes:
@@ -46,6 +48,8 @@ def exchange_of(profile, variant, layout, workers):
     reusable = sorted((int(w) for w in sizes if int(w) > 1), key=lambda w: abs(w - workers))
     if reusable and workers > 1 and same_at_every_world_size(variant):
         return sizes[str(reusable[0])]
+    if reusable and workers > 1 and isinstance(_compression(variant), Quantized):
+        return quantized_at(profile, variant, layout, sizes[str(reusable[0])], workers)
     raise MissingExchange(variant, layout, workers, _why_not_profiled(variant, layouts, layout, workers))
 
 
@@ -54,11 +58,58 @@ def same_at_every_world_size(variant):
     collectives are allreduces of the same tensors (dense casts, PowerSGD's P and Q, the check's
     norms), so its bytes and maths are too, and only the wire time depends on the world, which the
     prediction computes. TopK's is not: whether its wire is sparse depends on the world size, and
-    its decompression sums one row per rank. One worker skips a dense allreduce."""
+    its decompression sums one row per rank. Nor is Quantized's: each layer is padded to W parts
+    of whole blocks, so its bytes depend on W (``quantized_at`` recomputes them). One worker
+    skips a dense allreduce."""
     try:
-        return not isinstance(parse_variant(variant).compression, TopK)
+        return not isinstance(parse_variant(variant).compression, (TopK, Quantized))
     except ValueError:
         return False
+
+
+def _compression(variant):
+    """The core compression that ``variant`` names; None for a cast or a name that does not parse."""
+    try:
+        return parse_variant(variant).compression
+    except ValueError:
+        return None
+
+
+def quantized_at(profile, variant, layout, levels, workers):
+    """``levels`` (``{level key: exchange}``) of ``variant``, a quantized one, in ``layout``,
+    profiled on another world size, with the bytes that ``workers`` ranks hand over: each layer
+    is padded to W parts of whole blocks (``padded_length``), each bucket's all-to-all hands
+    over all W parts of its layers at the level's bits, its all-gather one part. The maths are
+    those profiled on the nearest world size: they run over the padded values, which differ from
+    one world size to another by the padding alone (under W·block values a layer). The check's
+    collectives (its errors' norms, of unpadded layers) do not depend on W."""
+    parsed, sizes = parse_variant(variant), _exchanged_sizes(profile, layout)
+    return {key: _quantized_exchange_at(exchange, sizes, parsed.level(key), parsed.compression.block_size, workers)
+            for key, exchange in levels.items()}
+
+
+def _exchanged_sizes(profile, layout):
+    """Each layer's values as ``layout`` exchanges them: the whole layer, or in hybrid sharding
+    its padded shard."""
+    from horovod_accordion.advise.hsdp import shard_shape, shards_of  # hsdp imports this module
+    shards = shards_of(layout)
+    return [math.prod(layer["shape"] if shards is None else shard_shape(tuple(layer["shape"]), shards))
+            for layer in profile["layers"]]
+
+
+def _quantized_exchange_at(exchange, sizes, bits, block, workers):
+    """One level's profiled Quantized ``exchange`` with its collectives' bytes on ``workers`` ranks.
+    Its layers are all at ``bits``, so each bucket issues one all-to-all and one all-gather."""
+    buckets, step_bytes = [], 0
+    for bucket in exchange["buckets"]:
+        part = sum(quantized_bytes(padded_length(sizes[i], workers, block) // workers, bits, block)
+                   for i in bucket["layers"] if sizes[i])  # an empty layer is not exchanged
+        handed = {"alltoall": workers * part, "allgather": part}
+        segments = [dict(segment, collectives=[[kind, handed[kind]] for kind, _ in segment["collectives"]])
+                    for segment in bucket["segments"]]
+        step_bytes += sum(size for segment in segments for _, size in segment["collectives"])
+        buckets.append(dict(bucket, segments=segments))
+    return dict(exchange, buckets=buckets, step_bytes=step_bytes)
 
 
 def _why_not_profiled(variant, layouts, layout, workers):
@@ -68,7 +119,7 @@ def _why_not_profiled(variant, layouts, layout, workers):
         return (f"it was profiled in the {', '.join(sorted(layouts))} layout(s) only, and a layout's buckets "
                 f"(hybrid sharding's shard shapes) set the maths the profile timed")
     sizes = ", ".join(map(str, sorted(map(int, layouts[layout]))))
-    if workers == 1 or same_at_every_world_size(variant):
+    if workers == 1 or not isinstance(_compression(variant), TopK):
         return f"it was profiled on {sizes} workers, and one worker exchanges otherwise (a dense one not at all)"
     return (f"it was profiled on {sizes} workers, and TopK's exchange depends on the world size (whether its "
             f"wire is sparse, and a decompression that sums one row per rank)")

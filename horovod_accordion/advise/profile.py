@@ -35,9 +35,9 @@ CASTS = {"none": Compression.none, "fp16": Compression.fp16}  # Horovod's, where
 
 class SimulatedWorld(Collectives):
     """``workers`` ranks that all hold this rank's gradients: each collective returns at once
-    what it would return (an average of equal tensors is the tensor; an allgather, W copies),
-    and ``issued`` lists ``(kind, bytes)`` of what this rank would send, counted as our
-    Horovod and DDP backends count ``bytes_sent``: the wire tensor's bytes."""
+    what it would return (an average of equal tensors is the tensor; an allgather or an
+    all-to-all, W copies), and ``issued`` lists ``(kind, bytes)`` of what this rank would send,
+    counted as our Horovod and DDP backends count ``bytes_sent``: the wire tensor's bytes."""
 
     def __init__(self, workers, device="cpu"):
         super().__init__(TorchTensorOps(device))

@@ -2,11 +2,12 @@
 
 The compute thread runs forward, then backward. When a bucket's last gradient is ready,
 its hook runs the bucket's first segment inline (the reducer's maths up to its first
-collective: PowerSGD's P, TopK's selection, a cast), which delays the rest of backward, and
-issues that segment's collectives. After backward, ``BucketReduction.finish`` advances the
-started buckets round-robin: each segment waits for the bucket's previous collectives, then
-computes (orthogonalise P and form Q, or decompress) and issues the next ones; PowerSGD's Q
-thus waits for its P. Everything finishes before the optimizer step.
+collective: PowerSGD's P, TopK's selection, a quantization, a cast), which delays the rest of
+backward, and issues that segment's collectives. After backward, ``BucketReduction.finish``
+advances the started buckets round-robin: each segment waits for the bucket's previous
+collectives, then computes (orthogonalise P and form Q, average and quantize again, or
+decompress) and issues the next ones; PowerSGD's Q thus waits for its P, Quantized's
+all-gather for its all-to-all. Everything finishes before the optimizer step.
 
 The wire is one link, taking collectives one at a time in the order they are issued (Gloo's
 and Horovod's background threads do). A ``fusable`` collective (Horovod's dense allreduce of
@@ -24,7 +25,7 @@ __all__ = ["Bucket", "Segment", "Step", "step_seconds"]
 @dataclass
 class Segment:
     """``compute_s`` of maths on the compute thread, then ``collectives``: a list of
-    ``(kind, bytes_per_rank)``, kind ``"allreduce"`` or ``"allgather"``."""
+    ``(kind, bytes_per_rank)``, kind ``"allreduce"``, ``"allgather"`` or ``"alltoall"``."""
     compute_s: float
     collectives: list = field(default_factory=list)
 

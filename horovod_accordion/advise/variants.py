@@ -1,10 +1,11 @@
 """The compressions the advisor compares, named on the command line:
-``none``, ``fp16``, ``powersgd:R``, ``topk:F``, ``accordion:powersgd:LOW/HIGH`` and
-``accordion:topk:LOW/HIGH`` (ℓ_low/ℓ_high, e.g. ``accordion:powersgd:2/1``)."""
+``none``, ``fp16``, ``powersgd:R``, ``topk:F``, ``quantized:B``, ``accordion:powersgd:LOW/HIGH``,
+``accordion:topk:LOW/HIGH`` and ``accordion:quantized:LOW/HIGH`` (ℓ_low/ℓ_high, e.g.
+``accordion:powersgd:2/1``, ``accordion:quantized:8/4``)."""
 
 from dataclasses import dataclass
 
-from horovod_accordion.core.compression import PowerSGD, TopK
+from horovod_accordion.core.compression import PowerSGD, Quantized, TopK
 
 __all__ = ["Variant", "parse_variant", "LAYOUTS"]
 
@@ -16,7 +17,7 @@ LAYOUTS = ("horovod", "ddp")
 @dataclass(frozen=True)
 class Variant:
     """``cast`` (``"none"`` or ``"fp16"``) for a dense allreduce, else ``compression`` (a
-    ``PowerSGD`` or ``TopK`` of the core, ℓ_low and ℓ_high in its ``levels``)."""
+    ``PowerSGD``, ``TopK`` or ``Quantized`` of the core, ℓ_low and ℓ_high in its ``levels``)."""
     name: str
     cast: str = None
     compression: object = None
@@ -35,8 +36,9 @@ class Variant:
 
 
 ACCEPTED = ("accepted: none, fp16, powersgd:R (R a rank, e.g. powersgd:1), topk:F (F the fraction kept, "
-            "e.g. topk:0.01), accordion:powersgd:LOW/HIGH (e.g. accordion:powersgd:4/1) and "
-            "accordion:topk:LOW/HIGH (e.g. accordion:topk:0.99/0.1)")
+            "e.g. topk:0.01), quantized:B (B bits per value, 2 to 8, e.g. quantized:4), "
+            "accordion:powersgd:LOW/HIGH (e.g. accordion:powersgd:4/1), accordion:topk:LOW/HIGH "
+            "(e.g. accordion:topk:0.99/0.1) and accordion:quantized:LOW/HIGH (e.g. accordion:quantized:8/4)")
 
 
 def _number(text, kind, what):
@@ -54,6 +56,8 @@ def _variant(name, family, argument):
         return Variant(name, compression=PowerSGD(_number(argument, int, "the rank")))
     if family == "topk":
         return Variant(name, compression=TopK(_number(argument, float, "the fraction kept")))
+    if family == "quantized":
+        return Variant(name, compression=Quantized(_number(argument, int, "the bit width")))
     if family == "accordion":
         inner, _, levels = argument.partition(":")
         low, _, high = levels.partition("/")
@@ -63,6 +67,9 @@ def _variant(name, family, argument):
         if inner == "topk":
             return Variant(name, compression=TopK(_number(low, float, "ℓ_low's fraction"),
                                                   _number(high, float, "ℓ_high's fraction")))
+        if inner == "quantized":
+            return Variant(name, compression=Quantized(_number(low, int, "ℓ_low's bit width"),
+                                                       _number(high, int, "ℓ_high's bit width")))
     return None
 
 

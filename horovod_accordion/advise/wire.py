@@ -10,6 +10,11 @@ over one rank's bandwidth β:
 - reduce-scatter of B bytes per rank (B/W kept): W−1 steps of B/W bytes, so
   (W−1)·α + (W−1)/W·B/β (FSDP's, inside a replica).
 
+An all-to-all of B bytes per rank (B/W for each rank) runs pairwise: W−1 steps, in each of
+which a rank sends its B/W bytes for one other rank, so (W−1)·α + (W−1)/W·B/β, a
+reduce-scatter's cost. Quantized's two shots, an all-to-all of its B quantized bytes and an
+allgather of one rank's B/W, thus move 2(W−1)/W·B, as a ring allreduce of B.
+
 NCCL's tree (a double binary tree, used for allreduce only) is modelled with the ring's
 bandwidth term, which both reach in the large-message limit, and 2·⌈log2 W⌉ latency steps.
 """
@@ -49,7 +54,8 @@ def parse_link(text, latency_s=5e-6, shared_by=1):
 
 
 def collective_seconds(kind, bytes_per_rank, workers, link, algorithm="ring"):
-    """Seconds for one ``allreduce``, ``allgather`` or ``reduce_scatter`` of ``bytes_per_rank`` bytes per rank."""
+    """Seconds for one ``allreduce``, ``allgather``, ``reduce_scatter`` or ``alltoall`` of
+    ``bytes_per_rank`` bytes per rank (what each rank hands over, as the profile's ``issued``)."""
     if workers < 2 or bytes_per_rank == 0:
         return 0.0
     if algorithm not in ("ring", "tree"):
@@ -60,8 +66,8 @@ def collective_seconds(kind, bytes_per_rank, workers, link, algorithm="ring"):
             steps = 2 * math.ceil(math.log2(workers))
     elif kind == "allgather":
         steps, moved = workers - 1, (workers - 1) * bytes_per_rank
-    elif kind == "reduce_scatter":
+    elif kind in ("reduce_scatter", "alltoall"):
         steps, moved = workers - 1, (workers - 1) / workers * bytes_per_rank
     else:
-        raise ValueError(f"a collective is 'allreduce', 'allgather' or 'reduce_scatter', got {kind!r}")
+        raise ValueError(f"a collective is 'allreduce', 'allgather', 'reduce_scatter' or 'alltoall', got {kind!r}")
     return steps * link.latency_s + moved / link.bytes_per_s

@@ -11,12 +11,14 @@ from tests.workers.models import batch_of_rank, make_model
 # Each compression, and the fixed level whose run the Accordion variant's ℓ_high is compared with.
 # Every matrix is compressed at both ranks (min_compression_rate=0): with the default, ℓ_low's
 # rank decides which layers are compressed, so Accordion at rank 1 is not fixed rank 1.
-VARIANTS = {text: parse_variant(text) for text in ("none", "fp16", "topk:0.1", "topk:0.5", "accordion:topk:0.5/0.1")}
+VARIANTS = {text: parse_variant(text) for text in ("none", "fp16", "topk:0.1", "topk:0.5", "accordion:topk:0.5/0.1",
+                                                   "quantized:4", "accordion:quantized:8/4")}
 VARIANTS.update({"powersgd:1": Variant("powersgd:1", compression=PowerSGD(1, min_compression_rate=0)),
                  "powersgd:2": Variant("powersgd:2", compression=PowerSGD(2, min_compression_rate=0)),
                  "accordion:powersgd:2/1": Variant("accordion:powersgd:2/1",
                                                    compression=PowerSGD(2, 1, min_compression_rate=0))})
-HIGH_AS_FIXED = {"accordion:powersgd:2/1": "powersgd:1", "accordion:topk:0.5/0.1": "topk:0.1"}
+HIGH_AS_FIXED = {"accordion:powersgd:2/1": "powersgd:1", "accordion:topk:0.5/0.1": "topk:0.1",
+                 "accordion:quantized:8/4": "quantized:4"}
 
 
 def setup():

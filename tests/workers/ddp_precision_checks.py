@@ -6,13 +6,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from horovod_accordion.ddp import AccordionState, Compression, PowerSGD, TopK, accordion_hook
+from horovod_accordion.ddp import AccordionState, Compression, PowerSGD, Quantized, TopK, accordion_hook
 from tests.workers.models import (assert_runs_agree, batch_of_rank, fixed_or_varying_scaler, make_model,
                                   train_under_loss_scale)
 
-ADAPTIVE = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1)}
+ADAPTIVE = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1),
+            "quantized 8/4": Quantized(8, 4)}
 EVERY_KIND = dict({"none": Compression.none, "fp16": Compression.fp16,
-                   "powersgd 1": PowerSGD(1, 1, min_compression_rate=0), "topk 0.1": TopK(0.1, 0.1)}, **ADAPTIVE)
+                   "powersgd 1": PowerSGD(1, 1, min_compression_rate=0), "topk 0.1": TopK(0.1, 0.1),
+                   "quantized 4": Quantized(4)}, **ADAPTIVE)
 
 
 def setup():
@@ -125,7 +127,10 @@ def check_a_compiled_model_gives_the_levels_bytes_and_weights_of_the_uncompiled_
         (eager_weights, eager_stats), (weights, stats) = eager[name], compiled[name]
         assert levels_and_bytes(stats) == levels_and_bytes(eager_stats), (name, eager_stats, stats)
         worst = max(float((a - b).abs().max()) for a, b in zip(weights, eager_weights))
-        assert worst <= 1e-6, (name, worst)
+        # Not for a quantized kind: rounding to a code is not continuous, so a gradient one fp64
+        # rounding away can move by a whole quantization step (its error feedback then sends the
+        # difference a step later); such a run is checked above, for levels, bytes and agreement.
+        assert worst <= 1e-6 or isinstance(EVERY_KIND[name], Quantized), (name, worst)
 
 
 def check_bf16_gradients_travel_as_fp32_by_default_and_as_bf16_when_asked():

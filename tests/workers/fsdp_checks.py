@@ -20,9 +20,9 @@ from torch.distributed.tensor import Shard
 import horovod_accordion.hooks.fsdp_state as fsdp_state
 from horovod_accordion.advise.profile import measure_exchange, padded_shard
 from horovod_accordion.advise.variants import Variant, parse_variant
-from horovod_accordion.core.compression import kept_count
+from horovod_accordion.core.compression import kept_count, padded_length, quantized_bytes
 from horovod_accordion.ddp import AccordionState as DDPAccordionState
-from horovod_accordion.fsdp import AccordionState, Compression, PhaseSchedule, PowerSGD, TopK
+from horovod_accordion.fsdp import AccordionState, Compression, PhaseSchedule, PowerSGD, Quantized, TopK
 from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State, horovod_import_error
 
@@ -288,9 +288,12 @@ def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
     """fp32, as users train: the levels, checks and bytes are the same on every rank, both levels
     are used, and each step's bytes are the formula for the padded shards at the step's levels:
     PowerSGD sends P (n × r) and Q (m × r) of each compressed shard and every 1-D shard whole; TopK
-    (dense wire at 2 replicas for these sizes, or the sparse one when cheaper) its kept entries."""
+    (dense wire at 2 replicas for these sizes, or the sparse one when cheaper) its kept entries;
+    Quantized every shard, padded to whole blocks for each replica, all of it handed to the
+    all-to-all and a replica's part to the all-gather."""
     report = {}
-    for name, compression in {"powersgd": PowerSGD(2, 1, min_compression_rate=0), "topk": TopK(0.5, 0.1)}.items():
+    for name, compression in {"powersgd": PowerSGD(2, 1, min_compression_rate=0), "topk": TopK(0.5, 0.1),
+                              "quantized": Quantized(8, 4)}.items():
         model, optimizer, state = hooked(compression, verify_levels=True)
         recorder = Recorder(state)
         train(model, optimizer, 14, decay_at=10, regime_at=6)
@@ -308,6 +311,9 @@ def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
                     expected += 4 * numel
                 elif name == "powersgd":
                     expected += 4 * levels[layer_name] * (shape[0] + numel // shape[0])
+                elif name == "quantized":
+                    expected += quantized_bytes(padded_length(numel, REPLICAS, 64), levels[layer_name], 64) * \
+                        (REPLICAS + 1) // REPLICAS
                 else:
                     k = kept_count(levels[layer_name], numel)
                     sparse = k < -(-8 * numel // ((4 + 2) * REPLICAS))
