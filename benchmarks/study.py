@@ -99,11 +99,14 @@ def rows_of(args):
 
 def wire_bytes(done, family, setting, workers):
     """The bytes that crossed a rank's link over a run: its record's, or, for a record made before
-    they were counted, its handed-over bytes × 2(W − 1)/W where every collective of the run was a
-    ring allreduce (uncompressed, fp16, PowerSGD, batch switching); ``None`` for older TopK runs,
-    whose allgathers carry W − 1 times what each rank hands over."""
+    they were counted (no all-to-all then), its handed-over bytes × 2(W − 1)/W where every
+    collective of the run was a ring allreduce (uncompressed, fp16, PowerSGD, batch switching), and
+    × 1 at W = 2, where an allreduce and an allgather both carry what each rank hands over; else
+    ``None``: an older TopK run's allgathers carry W − 1 times what each rank hands over."""
     if "wire_bytes_sent_per_rank" in done:
         return done["wire_bytes_sent_per_rank"]
+    if workers == 2:
+        return done["bytes_sent_per_rank"]
     if family == "topk" and setting not in ("uncompressed", "fp16"):
         return None
     return done["bytes_sent_per_rank"] * 2 * (workers - 1) / workers

@@ -9,3 +9,33 @@ from tests.conftest import check_names
 @pytest.mark.parametrize("check", check_names("quantized_checks"))
 def test_quantized_on_three_ranks(launches, check):
     launches("quantized_checks", "torchrun", np=3).check(check)
+
+
+def test_an_owner_memory_that_changes_hands_moves_into_the_ranks_own_memory_w_times_over():
+    """When the world size changes (elastic), this rank owns other entries: before the next step,
+    what it held as their owner goes into its own memory, W times over (the next average divides
+    it by W again), and nothing is left where it no longer owns. Rank 0 of the advisor's simulated
+    world owns the first part of a 300-value layer: [0, 192) on 2 ranks, [0, 128) on 3."""
+    import torch
+
+    from horovod_accordion.advise.profile import SimulatedWorld
+    from horovod_accordion.core.compression import Quantized
+    from horovod_accordion.core.reducers import QuantizedReducer
+
+    world = SimulatedWorld(2)
+    reducer = QuantizedReducer([(300,)], Quantized(4), world.tensors, world)
+    grad = torch.randn(300, generator=torch.Generator().manual_seed(0))
+    reducer.reduce([grad])
+    assert reducer.owned[0] == (0, 192)
+    # Where a simulated world's ranks all send the same values, the owner's average is already on
+    # the grid and leaves no error: give it one, as real ranks' different gradients would.
+    reducer.owner_memory[0][:192] = torch.randn(192, generator=torch.Generator().manual_seed(1)) / 64
+    memory, owner = reducer.memory[0].clone(), reducer.owner_memory[0].clone()
+
+    reducer.collectives = SimulatedWorld(3)
+    reducer._keep_owner_memory_of([(0, grad)], [(0, 0, 128, 0)], 3)
+    assert reducer.owned[0] == (0, 128)
+    assert torch.equal(reducer.owner_memory[0][:128], owner[:128])
+    assert torch.equal(reducer.owner_memory[0][128:], torch.zeros(172))
+    assert torch.equal(reducer.memory[0][:128], memory[:128])
+    assert torch.equal(reducer.memory[0][128:], memory[128:] + 3 * owner[128:])

@@ -475,6 +475,7 @@ class QuantizedReducer(_Reducer):
             self.owner_memory[i] = tensors.state(np.zeros(self.numels[i]), f"quantized_owner_memory_{i}")
             self.bits[i] = tensors.level(config.low_bits, f"quantized_bits_{i}")
         self.owned = {}  # each layer's entries whose owner memory this rank held at its last step
+
     def set_levels(self, levels):
         for i in self.compressed:
             self.tensors.set_level(self.bits[i], levels[i])

@@ -36,6 +36,13 @@ def wire_bytes(bits, size):
     return round(total)
 
 
+def host(value):
+    """A framework's tensor or variable, on any device, as float64 numpy."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+    return np.asarray(value, dtype=np.float64)
+
+
 def two_shot_matches_the_float64_reference(collectives, as_tensor=torch.from_numpy):
     """Bit for bit at every step, outputs and both memories; the error-feedback invariant; the
     wire bytes of every step. ``as_tensor`` makes the framework's tensor of a numpy array.
@@ -52,12 +59,11 @@ def two_shot_matches_the_float64_reference(collectives, as_tensor=torch.from_num
         outputs = reducer.reduce([as_tensor(g) for g in grads[rank]])
         expected = reference.step(grads, bits)
         for i, (ours, theirs) in enumerate(zip(outputs, expected)):
-            ours = np.asarray(ours, dtype=np.float64).reshape(-1)
+            ours = host(ours).reshape(-1)
             assert np.array_equal(ours, theirs), \
                 f"step {step}, layer {i}: {np.abs(ours - theirs).max():.3e} from the reference"
-            assert np.array_equal(np.asarray(reducer.memory[i], dtype=np.float64), reference.memory[rank][i]), (step, i)
-            assert np.array_equal(np.asarray(reducer.owner_memory[i], dtype=np.float64),
-                                  reference.owner_memory[rank][i]), (step, i)
+            assert np.array_equal(host(reducer.memory[i]), reference.memory[rank][i]), (step, i)
+            assert np.array_equal(host(reducer.owner_memory[i]), reference.owner_memory[rank][i]), (step, i)
             sum_out[i] += ours
             sum_true[i] += np.mean([np.asarray(g[i], dtype=np.float64).reshape(-1) for g in grads], axis=0)
         sent = collectives.take_traffic().wire
