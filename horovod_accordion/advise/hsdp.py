@@ -16,29 +16,12 @@ taken as a unit of its own, which sends the same bytes as the real units with mo
 Collectives are rings.
 """
 
-import math
-
 from horovod_accordion.advise.predict import STATISTICS, exchange_of
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
+from horovod_accordion.advise.variants import hsdp_layout, shard_shape, shards_of
 from horovod_accordion.advise.wire import collective_seconds
 
 __all__ = ["hsdp_layout", "predict_hsdp", "shard_shape", "shards_of"]
-
-
-def hsdp_layout(shards):
-    """The profile's layout name of the exchange on ``shards`` shards."""
-    return f"hsdp:{shards}"
-
-
-def shards_of(layout):
-    """The shards of an ``hsdp:S`` layout, or ``None`` for another layout."""
-    family, _, shards = layout.partition(":")
-    return int(shards) if family == "hsdp" else None
-
-
-def shard_shape(shape, shards):
-    """FSDP2's padded shard of a parameter of ``shape``: ⌈rows / shards⌉ rows of dim 0."""
-    return (math.ceil(shape[0] / shards), *shape[1:]) if shape else ()
 
 
 def predict_hsdp(profile, variant, shards, replicas, fast_link, slow_link, low_fraction=0.5, check_every=1):

@@ -11,7 +11,7 @@ import math
 import statistics
 
 from horovod_accordion.advise.schedule import Bucket, Segment, Step, step_seconds
-from horovod_accordion.advise.variants import parse_variant
+from horovod_accordion.advise.variants import parse_variant, shard_shape, shards_of
 from horovod_accordion.core.compression import Quantized, TopK, padded_length, quantized_bytes
 from horovod_accordion.advise.wire import collective_seconds
 
@@ -91,7 +91,6 @@ def quantized_at(profile, variant, layout, levels, workers):
 def _exchanged_sizes(profile, layout):
     """Each layer's values as ``layout`` exchanges them: the whole layer, or in hybrid sharding
     its padded shard."""
-    from horovod_accordion.advise.hsdp import shard_shape, shards_of  # hsdp imports this module
     shards = shards_of(layout)
     return [math.prod(layer["shape"] if shards is None else shard_shape(tuple(layer["shape"]), shards))
             for layer in profile["layers"]]

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from horovod_accordion.core.schedule import Accordion
-from horovod_accordion.advise.hsdp import shard_shape, shards_of
-from horovod_accordion.advise.variants import LAYOUTS
+from horovod_accordion.advise.variants import LAYOUTS, shard_shape, shards_of
 from horovod_accordion.core.buckets import assign_buckets
 from horovod_accordion.core.collectives import Collectives, Done
 from horovod_accordion.core.exchange import BucketedExchange

@@ -3,15 +3,32 @@
 ``accordion:topk:LOW/HIGH`` and ``accordion:quantized:LOW/HIGH`` (ℓ_low/ℓ_high, e.g.
 ``accordion:powersgd:2/1``, ``accordion:quantized:8/4``)."""
 
+import math
 from dataclasses import dataclass
 
 from horovod_accordion.core.compression import PowerSGD, Quantized, TopK
 
-__all__ = ["Variant", "parse_variant", "LAYOUTS"]
+__all__ = ["Variant", "parse_variant", "LAYOUTS", "hsdp_layout", "shard_shape", "shards_of"]
 
 # Which backend's buckets: ours (Horovod's optimizer: dense gradients one by one with Horovod's
 # tensor fusion, compressed ones in 25 MB buckets) or DDP's (25 MB buckets for everything).
 LAYOUTS = ("horovod", "ddp")
+
+
+def hsdp_layout(shards):
+    """The profile's layout name of FSDP2's hybrid-sharded exchange on ``shards`` shards."""
+    return f"hsdp:{shards}"
+
+
+def shards_of(layout):
+    """The shards of an ``hsdp:S`` layout, or ``None`` for another layout."""
+    family, _, shards = layout.partition(":")
+    return int(shards) if family == "hsdp" else None
+
+
+def shard_shape(shape, shards):
+    """FSDP2's padded shard of a parameter of ``shape``: ⌈rows / shards⌉ rows of dim 0."""
+    return (math.ceil(shape[0] / shards), *shape[1:]) if shape else ()
 
 
 @dataclass(frozen=True)

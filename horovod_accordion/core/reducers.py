@@ -544,7 +544,9 @@ class QuantizedReducer(_Reducer):
         wire, sent_average = tensors.quantize(tensors.reshape(a, (1, -1)), bits, block)
         pending = collectives.start_allgather(tensors.reshape(wire, (-1,)), f"quantized.allgather{name}")
         yield
-        gathered = tensors.dequantize(tensors.reshape(pending.wait(), (size, -1)), bits, block)
+        # The shape in full: a traced TF step knows no length of an all-gather's result.
+        gathered = tensors.dequantize(
+            tensors.reshape(pending.wait(), (size, quantized_bytes(sum(widths), bits, block))), bits, block)
 
         def layer(rows, k):
             """Layer ``k`` of a (W, chunk) buffer: its columns, row after row, without the padding."""

@@ -72,7 +72,7 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         """Row j of ``rows`` (one per rank) to rank j; the rows received, row r from rank r."""
         self._count(rows, "alltoall")
         received = hvd.alltoall(rows, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
-        return Done(tf.reshape(received, tf.shape(rows)))
+        return Done(tf.reshape(received, rows.shape))  # static: a traced step knows no received length
 
     def _count(self, tensor, collective):
         self._count_bytes(tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size, collective)
