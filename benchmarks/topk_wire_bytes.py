@@ -60,7 +60,8 @@ def derive(path, shapes, workers):
         handed += steps * step_handed + check
         wire += steps * step_wire + wire_share("allreduce", workers) * check
         if handed != epoch["bytes_sent_per_rank"]:
-            return None, f"epoch {epoch['epoch']}: derived {handed} handed bytes, recorded {epoch['bytes_sent_per_rank']}"
+            return None, (f"epoch {epoch['epoch']}: derived {handed} handed bytes, recorded "
+                          f"{epoch['bytes_sent_per_rank']}")
     return round(wire), records
 
 

@@ -3,7 +3,8 @@ written from its description, not its code.
 
 The algorithm's state and wire are fp32: the memories, the scales, and the values it averages.
 So the reference computes each elementary operation (+, −, ×, ÷) in float64 and rounds the
-result to fp32 where the algorithm keeps fp32. For these operations on fp32 inputs, float64's
+result to fp32 where the algorithm keeps fp32 (a constant divides as a product with its fp32
+reciprocal, as the implementation does). For these operations on fp32 inputs, float64's
 53 bits are more than 2·24 + 2, so rounding the float64 result to fp32 gives the correctly
 rounded fp32 result (double rounding is innocuous): the reference and an IEEE fp32
 implementation that does the same operations in the same order agree bit for bit. Rounding
@@ -20,7 +21,7 @@ def quantize(rows, bits, block):
     """The values that ``bits``-bit codes with one fp32 scale per ``block`` stand for, row by row."""
     levels = 2 ** (bits - 1) - 1
     blocks = rows.reshape(rows.shape[0], -1, block)
-    scales = fp32(np.abs(blocks).max(axis=2, keepdims=True) / levels)
+    scales = fp32(np.abs(blocks).max(axis=2, keepdims=True) * fp32(1.0 / levels))
     divisor = np.where(scales > 0, scales, 1.0)
     codes = np.clip(np.round(fp32(blocks / divisor)), -levels, levels)
     return fp32(codes * scales).reshape(rows.shape)
@@ -68,7 +69,7 @@ class TwoShot:
             total = sent[0][owner]
             for r in range(1, size):
                 total = fp32(total + sent[r][owner])
-            a = fp32(fp32(total / size) + np.concatenate([self._rows(self.owner_memory[owner][i], widths[i])[owner]
+            a = fp32(fp32(total * fp32(1.0 / size)) + np.concatenate([self._rows(self.owner_memory[owner][i], widths[i])[owner]
                                                           for i in members]))
             result[owner] = quantize(a.reshape(1, -1), bits, block)[0]
             rest = fp32(a - result[owner])

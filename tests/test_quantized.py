@@ -39,3 +39,22 @@ def test_an_owner_memory_that_changes_hands_moves_into_the_ranks_own_memory_w_ti
     assert torch.equal(reducer.owner_memory[0][128:], torch.zeros(172))
     assert torch.equal(reducer.memory[0][:128], memory[:128])
     assert torch.equal(reducer.memory[0][128:], memory[128:] + 3 * owner[128:])
+
+
+def test_one_rank_with_any_block_and_bits_dequantizes_its_scales():
+    """With one rank the all-to-all's and the all-gather's results are one row, whose scales may
+    start at a byte offset that is no multiple of 4 (3 bits × 8 values): they are read from a
+    copy. The average of one rank is its gradient, quantized twice: within two steps of the grid."""
+    import torch
+
+    from horovod_accordion.advise.profile import SimulatedWorld
+    from horovod_accordion.core.compression import Quantized
+    from horovod_accordion.core.reducers import QuantizedReducer
+
+    for bits in (2, 3, 5, 6, 7, 8):
+        world = SimulatedWorld(1)
+        reducer = QuantizedReducer([(8,), (3, 5)], Quantized(bits, block_size=8), world.tensors, world)
+        grads = [torch.randn(8, generator=torch.Generator().manual_seed(0)), torch.randn(3, 5)]
+        for grad, average in zip(grads, reducer.reduce(grads)):
+            step = grad.abs().max() / (2 ** (bits - 1) - 1)  # the coarsest scale a block of it can have
+            assert average.shape == grad.shape and (average - grad).abs().max() <= 2 * step, bits

@@ -26,7 +26,13 @@ def wire_share(collective, size):
     a ring allreduce sends 2(W − 1)/W of it, an all-gather the W − 1 other ranks' buffers (each
     rank hands over its own), an all-to-all the (W − 1)/W of it that is for other ranks. ``size``
     may be a framework's number (a traced TF step's)."""
-    return {"allreduce": 2 * (size - 1) / size, "allgather": size - 1, "alltoall": (size - 1) / size}[collective]
+    if collective == "allreduce":
+        return 2 * (size - 1) / size
+    if collective == "allgather":
+        return size - 1
+    if collective == "alltoall":
+        return (size - 1) / size
+    raise ValueError(f"a collective is 'allreduce', 'allgather' or 'alltoall', got {collective!r}")
 
 
 class Collectives:

@@ -11,8 +11,9 @@ configuration raises before any collective is started.
 import math
 from dataclasses import dataclass
 
-__all__ = ["PowerSGD", "Quantized", "SWITCHABLE", "TopK", "padded_length", "quantized_bytes", "is_matrix", "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor",
-           "index_dtype", "index_bytes", "packed_index_words", "sparse_is_cheaper"]
+__all__ = ["PowerSGD", "Quantized", "SWITCHABLE", "TopK", "padded_length", "quantized_bytes", "is_matrix",
+           "powersgd_compresses", "clamped_rank", "kept_count", "cast_compressor", "index_dtype", "index_bytes",
+           "packed_index_words", "sparse_is_cheaper"]
 
 
 @dataclass(frozen=True)
@@ -115,13 +116,14 @@ class Quantized:
     ``block_size`` values (the block's largest magnitude ÷ L), rounding to nearest. Each layer
     is cut into W parts of whole blocks; an all-to-all sends every layer's part j to rank j, its
     owner; the owner dequantizes the W copies of its parts, averages them, adds its own memory
-    of them and quantizes again; an all-gather returns every part. Each value is quantized twice whatever the world size, and each rank's
-    link carries 2(W − 1)/W of the quantized buffer, as a ring allreduce carries fp32.
+    of them and quantizes again; an all-gather returns every part. Each value is quantized twice
+    whatever the world size, and each rank's link carries 2(W − 1)/W of the quantized buffer, as a ring allreduce carries fp32: (bits + 32
+    / block_size) / 32 of fp32's bytes.
 
     Rounding to nearest rather than stochastically: error feedback sends each rounding error at
-    a later step, so its bias does not accumulate, and no rank needs a random stream. The fp32
-    scale per 64 values costs 0.5 bit a value (0.016× of fp32's bytes), 4-bit values 0.125×:
-    an fp16 or bf16 scale would save a quarter of that and lose range or exactness.
+    a later step, so its bias does not accumulate, and no rank needs a random stream. An fp32
+    scale costs 32 / block_size bits a value; an fp16 or bf16 one would halve that and lose range
+    (fp16) or exactness (bf16), and the error feedback would have to follow its rounding.
 
     Args:
         low_bits: bits per value in critical regimes (ℓ_low, e.g. 8), 2 to 8.

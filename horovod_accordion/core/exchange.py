@@ -347,6 +347,7 @@ class BucketedExchange:
         own = self._resolve_own(mine, own)
         self.load_schedule(saved["schedule"])
         self.tensors.import_state(shared, saved["reducer"])
+        self.reducer.restored()
         if own:
             self.tensors.import_state(per_rank, mine["reducer"])
             for total, saved_total in zip(self.accumulated, mine["accumulated"]):

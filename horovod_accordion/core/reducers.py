@@ -19,7 +19,8 @@ from horovod_accordion.core.compression import (PowerSGD, Quantized, TopK, clamp
                                                 index_dtype, is_matrix, kept_count, packed_index_words, padded_length,
                                                 powersgd_compresses, quantized_bytes, sparse_is_cheaper)
 
-__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "QuantizedReducer", "TopKReducer", "initial_query", "make_reducer",
+__all__ = ["BucketReduction", "DenseReducer", "PowerSGDReducer", "QuantizedReducer", "TopKReducer", "initial_query",
+           "make_reducer",
            "query_stream", "split_state", "warn_if_nothing_is_compressed"]
 
 
@@ -28,11 +29,12 @@ def make_reducer(compression, shapes, tensors: TensorOps, collectives: Collectiv
     ``collectives``; ``plain_compressor`` is the base class of the framework's plain compressors
     (none, fp16): Horovod's ``Compressor``, or ``torch_common.compression.PlainCompressor`` where there
     is no Horovod (DDP, the advisor)."""
-    reducer_classes = {PowerSGD: PowerSGDReducer, TopK: TopKReducer, Quantized: QuantizedReducer}
-    if type(compression) in reducer_classes:
-        reducer = reducer_classes[type(compression)](shapes, compression, tensors, collectives)
-        warn_if_nothing_is_compressed(compression, shapes, reducer.compressed)
-        return reducer, compression.levels
+    reducers = ((PowerSGD, PowerSGDReducer), (TopK, TopKReducer), (Quantized, QuantizedReducer))
+    for config_class, reducer_class in reducers:
+        if isinstance(compression, config_class):
+            reducer = reducer_class(shapes, compression, tensors, collectives)
+            warn_if_nothing_is_compressed(compression, shapes, reducer.compressed)
+            return reducer, compression.levels
     if plain_compressor is not None and isinstance(compression, type) and issubclass(compression, plain_compressor):
         return DenseReducer(shapes, compression, tensors, collectives), (None, None)
     raise ValueError(
@@ -132,6 +134,9 @@ class _Reducer:
         """The bucket's work, as a generator: each phase starts its collectives and yields before it
         waits on them; the generator returns ``{layer: average}``."""
         raise NotImplementedError
+
+    def restored(self):
+        """Its state was just assigned from a checkpoint or an elastic commit."""
 
     def start(self, layers, grads, name=""):
         """Start reducing ``grads`` of the layers ``layers`` (one bucket), as a ``BucketReduction``."""
@@ -441,7 +446,7 @@ class QuantizedReducer(_Reducer):
         out = every owner's deQ(Q_b(A)), end to end
 
     Q_b is round-to-nearest to −L … L (L = 2^(b−1) − 1) under one fp32 scale per block,
-    absmax ÷ L, computed in fp32. Two collectives per bucket and level in force. The sum is
+    absmax × fp32(1/L), computed in fp32. Two collectives per bucket and level in force. The sum is
     taken over the ranks in order, so every rank's result, and a float64 reference that rounds
     to fp32 where the state and the wire are fp32, agree bit for bit. No block holds two layers
     (a small layer's values would round to zero under a large one's scale, and one layer's
@@ -564,6 +569,11 @@ class QuantizedReducer(_Reducer):
                     tensors.assign_if_finite(tensors.part(self.owner_memory[i], first, last),
                                              tensors.part(rest, column, column + last - first), also=outputs[i])
         return {i: tensors.like(outputs[i], grad) for i, grad in members}
+
+    def restored(self):
+        """The restored owner memory may be another world size's, or one the move below had not
+        reached yet (a step that failed after it): the next step checks every layer again."""
+        self.owned = {}
 
     def _keep_owner_memory_of(self, members, owned, size):
         """Move the owner memory of the entries this rank no longer owns into its own memory, W

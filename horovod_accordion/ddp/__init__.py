@@ -8,4 +8,5 @@ from horovod_accordion.hooks.ddp_state import AccordionState, accordion_hook
 from horovod_accordion.core.policies import ErrorBudget, PhaseSchedule
 from horovod_accordion.torch_common.compression import Compression
 
-__all__ = ["AccordionState", "Compression", "ErrorBudget", "PhaseSchedule", "PowerSGD", "Quantized", "TopK", "accordion_hook"]
+__all__ = ["AccordionState", "Compression", "ErrorBudget", "PhaseSchedule", "PowerSGD", "Quantized", "TopK",
+           "accordion_hook"]

@@ -45,8 +45,9 @@ class AccordionState(HookStateViews):
     Args:
         process_group: the group DDP communicates over, as given to DDP; ``None``: the
             default group.
-        compression: ``PowerSGD(low_rank, high_rank)`` or ``TopK(low_fraction, high_fraction)``
-            (``Compression.powersgd``, ``Compression.topk``): Accordion switches between ℓ_low
+        compression: ``PowerSGD(low_rank, high_rank)``, ``TopK(low_fraction, high_fraction)`` or
+            ``Quantized(low_bits, high_bits)`` (``Compression.powersgd``, ``.topk``, ``.quantized``),
+            or ``Compression.none`` / ``fp16``: Accordion switches between ℓ_low
             in critical regimes and ℓ_high elsewhere; ``low == high`` is static compression.
             ``Compression.none`` and ``Compression.fp16`` average each bucket in one allreduce,
             in the gradients' precision or in fp16 (divided before the sum, as torch's

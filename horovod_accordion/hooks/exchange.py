@@ -65,8 +65,16 @@ class HookStateViews:
 
     @property
     def bytes_sent_last_step(self):
-        """The bytes this rank put on the wire in the last step (FSDP: across replicas); 0 before the first."""
+        """The bytes this rank handed to the collectives in the last step (FSDP: across replicas); 0
+        before the first."""
         sent = self._exchange.accordion.log.bytes_per_step if self._exchange is not None else []
+        return sent[-1] if sent else 0
+
+    @property
+    def wire_bytes_sent_last_step(self):
+        """The bytes that crossed this rank's link in the last step (``docs/concepts.md``, traffic
+        accounting; FSDP: across replicas); 0 before the first."""
+        sent = self._exchange.accordion.log.wire_bytes_per_step if self._exchange is not None else []
         return sent[-1] if sent else 0
 
     @property

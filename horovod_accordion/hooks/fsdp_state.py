@@ -54,8 +54,9 @@ class AccordionState(HookStateViews):
         mesh: the 2-D ``DeviceMesh`` of replicas × shards that the model is sharded on (its
             ``"shard"`` dimension; see ``horovod_accordion.hooks.fsdp_layout.ShardLayout``).
         compression: as ``horovod_accordion.ddp.AccordionState``'s: ``Compression.none``,
-            ``Compression.fp16``, ``PowerSGD(low_rank, high_rank)`` or
-            ``TopK(low_fraction, high_fraction)``, applied to each rank's shard of each layer.
+            ``Compression.fp16``, ``PowerSGD(low_rank, high_rank)``, ``TopK(low_fraction,
+            high_fraction)`` or ``Quantized(low_bits, high_bits)``, applied to each rank's shard of
+            each layer.
         model: the module ``fully_shard`` has wrapped, every unit on ``mesh["shard"]``. The
             state registers its hook on every unit (``set_all_reduce_hook``), has unused
             parameters reduce-scattered as zeros (so each unit's buffer keeps its layout), and

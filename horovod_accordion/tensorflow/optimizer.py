@@ -1,7 +1,7 @@
 """``DistributedOptimizer`` for tf_keras optimizers: ``fit`` and custom loops alike.
 
 With a plain compressor it is ``horovod.tensorflow.keras.DistributedOptimizer``. With
-PowerSGD or TopK it subclasses the user's optimizer class (as Horovod does) and
+PowerSGD, TopK or Quantized it subclasses the user's optimizer class (as Horovod does) and
 averages the gradients in ``apply_gradients`` through an ``AccordionState``
 (``keras_optimizer``).
 """
@@ -87,7 +87,7 @@ def tensorflow_distributed_optimizer(optimizer, name=None, use_locking=False, de
     ``horovod_accordion.tensorflow.DistributedOptimizer``: a tf_keras optimizer gets
     ``DistributedOptimizer`` (Accordion's keyword arguments included), and a
     ``tf.compat.v1.train.Optimizer`` gets Horovod's own, whose compressors are the plain ones:
-    PowerSGD and TopK keep state across steps, which Accordion keeps in the tape
+    PowerSGD, TopK and Quantized keep state across steps, which Accordion keeps in the tape
     (``DistributedGradientTape(accordion=...)``) or in a tf_keras optimizer.
     ``use_locking`` is passed to Horovod's v1 optimizer; Keras optimizers have no such option."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
@@ -95,7 +95,8 @@ def tensorflow_distributed_optimizer(optimizer, name=None, use_locking=False, de
             raise ValueError(
                 f"a tf.compat.v1 optimizer takes Horovod's plain compressions only (none, fp16), without "
                 f"Accordion's options{' ' + str(sorted(accordion_options)) if accordion_options else ''}: for "
-                f"PowerSGD, TopK, Quantized or Accordion, use a tf_keras optimizer or DistributedGradientTape(accordion=...)")
+                f"PowerSGD, TopK, Quantized or Accordion, use a tf_keras optimizer or "
+                f"DistributedGradientTape(accordion=...)")
         return hvd.DistributedOptimizer(
             optimizer, name=name, use_locking=use_locking, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,

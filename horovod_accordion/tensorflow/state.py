@@ -45,7 +45,8 @@ class AccordionState(tf.Module):
         variables: the trainable variables whose gradients are exchanged, in the same
             order on every rank.
         compression: ``Compression.powersgd(low_rank, high_rank)``, ``Compression.topk(...)``,
-            or a plain ``Compression.none`` / ``Compression.fp16``.
+            ``Compression.quantized(bits)`` (one level: a traced step keeps the bits it was traced
+            with), or a plain ``Compression.none`` / ``Compression.fp16``.
         batch_switch: a ``BatchSwitch``: switch the batch size instead of the compression
             level. Micro-batches are added with ``add_micro_batch`` and reduced together by
             ``reduce_pending`` when ``apply_now`` (set by ``begin_micro_batch``) is true.
@@ -176,6 +177,7 @@ class AccordionState(tf.Module):
                              f"with another model, compression or configuration")
         for variable, value in zip(variables, values):
             variable.assign(value)
+        self._reducer.restored()
         self._collectives.take_traffic()  # an elastic restore: the failed step's traffic is no step's
 
     def broadcast_shared_state(self, root_rank):

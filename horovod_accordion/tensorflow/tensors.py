@@ -179,17 +179,18 @@ class TensorFlowTensorOps:
         return tf.concat(blocks, axis=1)
 
     def placed(self, pieces, length):
-        flat = tf.zeros([length], tf.float32)
-        for offset, tensor in pieces:
-            size = tensor.shape[0]
-            flat = tf.concat([flat[:offset], tf.convert_to_tensor(tensor), flat[offset + size:]], axis=0)
-        return flat
+        """One concatenation of the pieces and the zeros between them (``pieces`` in order)."""
+        parts, end = [], 0
+        for offset, tensor in sorted(pieces, key=lambda piece: piece[0]):
+            parts += [tf.zeros([offset - end], tf.float32), tf.convert_to_tensor(tensor)]
+            end = offset + tensor.shape[0]
+        return tf.concat(parts + [tf.zeros([length - end], tf.float32)], axis=0)
 
     def quantize(self, rows, bits, block):
         levels = 2 ** (bits - 1) - 1
         count = rows.shape[0]
         blocks = tf.reshape(rows, [count, -1, block])
-        scales = tf.reduce_max(tf.abs(blocks), axis=2, keepdims=True) / levels
+        scales = tf.reduce_max(tf.abs(blocks), axis=2, keepdims=True) * tf.constant(1.0 / levels, tf.float32)
         divisor = tf.where(scales > 0, scales, tf.ones_like(scales))
         codes = tf.clip_by_value(tf.round(blocks / divisor), -levels, levels)
         sent = tf.reshape(codes * scales, tf.shape(rows))
@@ -214,7 +215,7 @@ class TensorFlowTensorOps:
         total = rows[0]
         for r in range(1, rows.shape[0]):
             total = total + rows[r]
-        return total / rows.shape[0]
+        return total * tf.constant(1.0 / rows.shape[0], tf.float32)
 
     # Branches of the TopK wire format, decided in the graph from the level in force.
     def cond(self, flag, if_true, if_false):

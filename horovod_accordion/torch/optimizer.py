@@ -434,14 +434,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     The first ten arguments are ``horovod.torch.DistributedOptimizer``'s, with its
     defaults. Accordion adapts the level of ``compression=Compression.powersgd(low_rank,
-    high_rank)`` or ``Compression.topk(low_fraction, high_fraction)``; with
-    ``Compression.none`` or ``Compression.fp16`` it behaves as Horovod's optimizer.
+    high_rank)``, ``Compression.topk(low_fraction, high_fraction)`` or
+    ``Compression.quantized(low_bits, high_bits)``; with ``Compression.none`` or
+    ``Compression.fp16`` it behaves as Horovod's optimizer.
 
     Args:
         optimizer: the torch optimizer to wrap, as Horovod's.
         named_parameters: as Horovod's; Accordion's logs and checkpoints name the layers after it.
         compression: Horovod's ``Compression.none`` or ``Compression.fp16``, or Accordion's
-            ``Compression.powersgd`` or ``Compression.topk``.
+            ``Compression.powersgd``, ``Compression.topk`` or ``Compression.quantized``.
         backward_passes_per_step: as Horovod's.
         op: ``Average`` or ``Sum``, as Horovod's; ``Adasum`` is refused.
         gradient_predivide_factor: as Horovod's.
@@ -469,7 +470,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (1 or m micro-batches per communication, whole-model decision) instead of the
             compression level. Call ``zero_grad()``, ``backward()`` and ``step()`` for every
             micro-batch; the optimizer averages the micro-batches and scales the LR.
-        bucket_cap_mb: PowerSGD and TopK reduce gradients in buckets of up to this many
+        bucket_cap_mb: PowerSGD, TopK and Quantized reduce gradients in buckets of up to this many
             megabytes (the first one: 1 MB), each started from backward as soon as it is
             complete, as in DDP. ``None``: one bucket, started when backward has produced every
             gradient. With ``none`` and ``fp16`` each gradient starts on its own, as in

@@ -41,6 +41,11 @@ def _on_cpu(tensor):
     return tensor.device.type == "cpu"
 
 
+def _reciprocal(count):
+    """1/``count`` rounded to fp32, as a quantized step multiplies by it."""
+    return torch.tensor(1.0 / count, dtype=torch.float32).item()
+
+
 def _pack(unsigned, bits):
     """Codes below 2^bits, each row's packed into bytes: 8/bits to a byte where bits divides 8,
     else as ``bits`` bit planes of each 8 codes (``bits`` bytes per 8 codes either way)."""
@@ -64,7 +69,8 @@ def _unpack(packed, bits):
     if 8 % bits == 0:
         shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
         return ((packed.reshape(rows, -1, 1) >> shifts) & (2 ** bits - 1)).reshape(rows, -1)
-    planes = (packed.reshape(rows, -1, 1, bits) >> torch.arange(8, dtype=torch.uint8, device=packed.device).reshape(8, 1)) & 1
+    positions = torch.arange(8, dtype=torch.uint8, device=packed.device).reshape(8, 1)
+    planes = (packed.reshape(rows, -1, 1, bits) >> positions) & 1
     weights = torch.arange(bits, dtype=torch.uint8, device=packed.device)
     return (planes << weights).sum(dim=3, dtype=torch.uint8).reshape(rows, -1)
 
@@ -270,10 +276,12 @@ class TorchTensorOps:
         """Each row of fp32 ``rows`` (whole blocks) as ``bits``-bit codes packed into bytes, then
         its fp32 scales' bytes: ``(wire, sent)``, ``wire`` uint8 with one row per row, ``sent``
         the values it stands for. The ops are IEEE fp32 ones in a fixed order (no fused
-        multiply-add), so ``tests/quantized_reference.py`` reproduces them exactly."""
+        multiply-add), so ``tests/quantized_reference.py`` reproduces them exactly; a constant
+        divides as a product with its fp32 reciprocal, which is what TF's graph optimizer makes of
+        a division by a constant, so an eager step, a traced one and torch's agree."""
         levels = 2 ** (bits - 1) - 1
         blocks = rows.reshape(rows.shape[0], -1, block)
-        scales = blocks.abs().amax(dim=2, keepdim=True) / levels
+        scales = blocks.abs().amax(dim=2, keepdim=True) * _reciprocal(levels)
         # A zero block has a zero scale and zero codes; a non-finite one a non-finite scale,
         # which dequantizes the whole block to NaN, so that the step is seen as one to skip.
         divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
@@ -287,7 +295,8 @@ class TorchTensorOps:
         """``quantize``'s values from its ``wire``."""
         values = wire.shape[1] * 8 * block // (bits * block + 32)
         codes = _unpack(wire[:, :values * bits // 8], bits).to(torch.float32) - (2 ** (bits - 1) - 1)
-        scales = wire[:, values * bits // 8:].contiguous().view(torch.float32)
+        # A copy: the scales' bytes start at any offset, and a view as fp32 needs one divisible by 4.
+        scales = wire[:, values * bits // 8:].reshape(-1).clone().view(torch.float32).reshape(wire.shape[0], -1)
         return (codes.reshape(wire.shape[0], -1, block) * scales.unsqueeze(2)).reshape(wire.shape[0], values)
 
     def move_outside(self, source, target, first, last, factor):
@@ -301,7 +310,7 @@ class TorchTensorOps:
         total = rows[0]
         for row in rows[1:]:
             total = total + row
-        return total / rows.shape[0]
+        return total * _reciprocal(rows.shape[0])
 
     # Branches of the TopK wire format: plain Python here, tf.cond in TensorFlow.
     def cond(self, flag, if_true, if_false):

@@ -42,10 +42,12 @@ def attach(ddp_model, state, named_by=None, optimizer=None, grad_scaler=None):
 
 
 def step_metrics(state, levels=True):
-    """What a trainer's logger gets after each step: this rank's bytes of the step
-    (``accordion/bytes``) and, with ``levels``, each compressed layer's level
-    (``accordion/level/<name>``; none with ``Compression.none`` or ``fp16``)."""
-    metrics = {"accordion/bytes": float(state.bytes_sent_last_step)}
+    """What a trainer's logger gets after each step: this rank's bytes of the step, handed to the
+    collectives (``accordion/bytes``) and across its link (``accordion/wire_bytes``), and, with
+    ``levels``, each compressed layer's level (``accordion/level/<name>``; none with
+    ``Compression.none`` or ``fp16``)."""
+    metrics = {"accordion/bytes": float(state.bytes_sent_last_step),
+               "accordion/wire_bytes": float(state.wire_bytes_sent_last_step)}
     if levels:
         metrics.update({f"accordion/level/{name}": float(level) for name, level in state.levels.items()})
     return metrics

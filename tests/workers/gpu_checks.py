@@ -75,11 +75,13 @@ def check_every_compression_on_the_device_matches_the_cpu():
 
 
 def check_quantized_two_shot_matches_the_float64_reference_on_the_device():
-    """The float64 reference's values bit for bit on the device too, through NCCL's all-to-all and
-    all-gather: the quantization's operations are IEEE fp32 ones, which CUDA rounds as the CPU does."""
+    """The float64 reference's values bit for bit on the device too, through Horovod's all-to-all
+    and all-gather on NCCL: the quantization's operations are IEEE fp32 ones, which CUDA rounds as
+    the CPU does."""
     from horovod_accordion.torch.ops import TorchCollectives
     from horovod_accordion.torch_common.tensors import TorchTensorOps
     from tests.workers.quantized_checks import two_shot_matches_the_float64_reference
     device = torch.device(DEVICE, torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
     collectives = TorchCollectives(TorchTensorOps(device), hvd.global_process_set)
-    return two_shot_matches_the_float64_reference(collectives, as_tensor=lambda array: torch.from_numpy(array).to(device))
+    return two_shot_matches_the_float64_reference(collectives,
+                                                  as_tensor=lambda array: torch.from_numpy(array).to(device))

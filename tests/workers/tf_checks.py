@@ -20,7 +20,7 @@ from horovod_accordion.torch.ops import TorchCollectives
 from horovod_accordion.torch_common.tensors import TorchTensorOps
 from tests.workers.models import Float64State
 from tests.workers.policy_reference import assert_policy_checks, reference_costs, set_regime
-from tests.workers.quantized_checks import two_shot_matches_the_float64_reference
+from tests.workers.quantized_checks import SHAPES as SHAPES_OF_QUANTIZED, two_shot_matches_the_float64_reference
 
 
 def setup():
@@ -697,3 +697,10 @@ def check_quantized_two_shot_matches_the_float64_reference():
     """Through Horovod's TF alltoall and allgather, eagerly, where the bits of each step are read
     (``tests/workers/quantized_checks.py``)."""
     return two_shot_matches_the_float64_reference(tf_backends()[1], as_tensor=tf.constant)
+
+
+def check_quantized_two_shot_in_a_traced_step_matches_the_float64_reference():
+    """The same in one ``tf.function``, traced once, at the one level TF takes: every shape is
+    static there, and the owner memory's parts are variable slices assigned in the graph."""
+    return two_shot_matches_the_float64_reference(tf_backends()[1], as_tensor=tf.constant,
+                                                  schedule=[[4] * len(SHAPES_OF_QUANTIZED)] * 8, traced=tf.function)
