@@ -2,8 +2,8 @@
 thread (or a GPU), with the collectives taken away: the advisor's ``SimulatedWorld`` of W ranks
 returns each collective's result at once, so what is timed is the reducer's own work. Quantized:
 both quantizations, both dequantizations, the packing and both memories; PowerSGD: M Q, the
-orthogonalisation, Mᵀ P, P Qᵀ and the memory. Eager, and the quantization's tensor maths under
-``torch.compile``; every row of one invocation is measured in the same run, in turns.
+orthogonalisation, Mᵀ P, P Qᵀ and the memory. Eager; every row of one invocation is measured in
+the same run, in turns.
 
     python benchmarks/quantized_maths.py --out benchmarks/results/quantized_maths.json
 """
@@ -24,14 +24,6 @@ ROWS = {"quantized 8": Quantized(8), "quantized 4": Quantized(4), "quantized 2":
         "powersgd 4": PowerSGD(4), "powersgd 1": PowerSGD(1)}
 
 
-def compiled_tensor_ops(world):
-    """The world's tensor backend with ``quantize`` and ``dequantize`` compiled (dynamic shapes)."""
-    tensors = world.tensors
-    tensors.quantize = torch.compile(tensors.quantize, dynamic=True)
-    tensors.dequantize = torch.compile(tensors.dequantize, dynamic=True)
-    return world
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=2)
@@ -48,11 +40,8 @@ def main():
         world = SimulatedWorld(args.workers, device)
         reducer_class = QuantizedReducer if isinstance(config, Quantized) else PowerSGDReducer
         reducers[name] = reducer_class(shapes, config, world.tensors, world)
-        if isinstance(config, Quantized):
-            compiled = compiled_tensor_ops(SimulatedWorld(args.workers, device))
-            reducers[f"{name} compiled"] = QuantizedReducer(shapes, config, compiled.tensors, compiled)
     times = {name: [] for name in reducers}
-    for repeat in range(args.repeats + 2):  # two warm-ups (compilation, buffers)
+    for repeat in range(args.repeats + 2):  # two warm-ups (buffers)
         for name, reducer in reducers.items():
             if device.type == "cuda":
                 torch.cuda.synchronize()

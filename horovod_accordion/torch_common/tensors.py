@@ -41,11 +41,6 @@ def _on_cpu(tensor):
     return tensor.device.type == "cpu"
 
 
-def _reciprocal(count):
-    """1/``count`` rounded to fp32, as a quantized step multiplies by it."""
-    return torch.tensor(1.0 / count, dtype=torch.float32).item()
-
-
 def _pack(unsigned, bits):
     """Codes below 2^bits, each row's packed into bytes: 8/bits to a byte where bits divides 8,
     else as ``bits`` bit planes of each 8 codes (``bits`` bytes per 8 codes either way)."""
@@ -252,9 +247,12 @@ class TorchTensorOps:
         out = torch.empty(rows, sum(widths), dtype=torch.float32, device=self.device)
         column = 0
         for tensor, width in zip(tensors, widths):
-            padded = torch.zeros(rows * width, dtype=torch.float32, device=self.device)
-            padded[:tensor.numel()] = tensor
-            out[:, column:column + width] = padded.view(rows, width)
+            whole, rest = divmod(tensor.numel(), width)  # full rows, and the values of a partial one
+            block = out[:, column:column + width]
+            block[:whole] = tensor[:whole * width].view(whole, width)
+            if whole < rows:
+                block[whole:] = 0
+                block[whole, :rest] = tensor[whole * width:]
             column += width
         return out
 
@@ -281,7 +279,8 @@ class TorchTensorOps:
         a division by a constant, so an eager step, a traced one and torch's agree."""
         levels = 2 ** (bits - 1) - 1
         blocks = rows.reshape(rows.shape[0], -1, block)
-        scales = blocks.abs().amax(dim=2, keepdim=True) * _reciprocal(levels)
+        # A Python number multiplies an fp32 tensor as an fp32 number: fp32(1/L).
+        scales = blocks.abs().amax(dim=2, keepdim=True) * (1.0 / levels)
         # A zero block has a zero scale and zero codes; a non-finite one a non-finite scale,
         # which dequantizes the whole block to NaN, so that the step is seen as one to skip.
         divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
@@ -310,7 +309,7 @@ class TorchTensorOps:
         total = rows[0]
         for row in rows[1:]:
             total = total + row
-        return total * _reciprocal(rows.shape[0])
+        return total * (1.0 / rows.shape[0])
 
     # Branches of the TopK wire format: plain Python here, tf.cond in TensorFlow.
     def cond(self, flag, if_true, if_false):
