@@ -95,6 +95,7 @@ def check_fit_equals_the_plain_ddp_hook_bitwise_and_saves_a_mid_run_checkpoint()
     assert state.iter == EPOCHS * STEPS_PER_EPOCH
     logged = fitted.callback_metrics
     assert float(logged["accordion/bytes"]) == state.bytes_sent_last_step > 0
+    assert float(logged["accordion/wire_bytes"]) == state.wire_bytes_sent_last_step > 0
     assert {float(logged[f"accordion/level/net.{name}"]) for name in ("0.weight", "4.weight")} <= {1.0, 2.0}
     assert not [name for name in logged if name.endswith(".bias")], list(logged)
     if dist.get_rank() == 0:

@@ -556,6 +556,7 @@ def check_tensorboard_scalars_on_rank_zero_only():
     stats = optimizer.accordion_stats()
     assert [v for _, v in scalars["accordion/bytes_per_step"]] == stats["bytes_per_step"]
     assert [s for s, _ in scalars["accordion/bytes_per_step"]] == list(range(1, 7))
+    assert [v for _, v in scalars["accordion/wire_bytes_per_step"]] == stats["wire_bytes_per_step"]
     for name in stats["levels"]:
         assert [v for _, v in scalars[f"accordion/level/{name}"]] == [c["levels"][name] for c in stats["checks"]]
     # the first check has no ratio (nothing to compare with); the second has one per layer
