@@ -65,7 +65,10 @@ def test_study_smoke_summarizes_and_resumes(tmp_path):
     assert sorted(rows) == ["accordion", "error_budget", "fp16", "high", "low", "phase", "uncompressed"]
     # the uncompressed and fp16 runs are every family's references: the other families list them too
     shared = [(r["family"], r["setting"]) for r in summary["rows"] if r["family"] != "powersgd"]
-    assert shared == [("topk", "uncompressed"), ("topk", "fp16"), ("batch", "small")], shared
+    assert shared == [("topk", "uncompressed"), ("topk", "fp16"), ("quantized", "uncompressed"), ("quantized", "fp16"),
+                      ("batch", "small")], shared
+    # On 2 workers an allreduce carries each rank's buffer once over its link: wire bytes = handed bytes.
+    assert all(row["wire_bytes_per_rank_mean"] == row["bytes_per_rank_mean"] for row in rows.values())
     for row in rows.values():
         assert row["family"] == "powersgd" and row["variant"] == "default" and row["seeds"] == [0]
         assert 0 < row["test_accuracy_mean"] <= 100 and row["test_accuracy_std"] == 0
