@@ -43,16 +43,7 @@ class PowerSGD:
     ladder: tuple = None
 
     def __post_init__(self):
-        if self.high_rank is None:
-            object.__setattr__(self, "high_rank", self.low_rank)
-        for name in ("low_rank", "high_rank"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PowerSGD {name} must be an integer >= 1, got {value!r}")
-        if self.high_rank > self.low_rank:
-            raise ValueError(
-                f"PowerSGD high_rank ({self.high_rank}) is ℓ_high, the *higher* compression, so it "
-                f"must not exceed low_rank ({self.low_rank}); swap them")
+        _check_levels(self, "rank", lambda value: _is_integer(value) and value >= 1, "an integer >= 1")
         if not (self.min_compression_rate >= 0 and math.isfinite(self.min_compression_rate)):
             raise ValueError(f"min_compression_rate must be >= 0, got {self.min_compression_rate!r}")
         _check_ladder(self, "rank", self.low_rank, self.high_rank)
@@ -86,16 +77,9 @@ class TopK:
     ladder: tuple = None
 
     def __post_init__(self):
-        if self.high_fraction is None:
-            object.__setattr__(self, "high_fraction", self.low_fraction)
-        for name in ("low_fraction", "high_fraction"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ValueError(f"TopK {name} must be a fraction in (0, 1], got {value!r}")
-        if self.high_fraction > self.low_fraction:
-            raise ValueError(
-                f"TopK high_fraction ({self.high_fraction}) is ℓ_high, the *higher* compression, so it "
-                f"must not exceed low_fraction ({self.low_fraction}); swap them")
+        _check_levels(self, "fraction",
+                      lambda value: not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= 1,
+                      "a fraction in (0, 1]")
         if self.wire not in ("auto", "sparse", "dense"):
             raise ValueError(f"TopK wire must be 'auto', 'sparse' or 'dense', got {self.wire!r}")
         _check_ladder(self, "fraction", self.low_fraction, self.high_fraction)
@@ -141,21 +125,12 @@ class Quantized:
     ladder: tuple = None
 
     def __post_init__(self):
-        if self.high_bits is None:
-            object.__setattr__(self, "high_bits", self.low_bits)
-        for name in ("low_bits", "high_bits"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 8:
-                raise ValueError(f"Quantized {name} must be an integer from 2 to 8, got {value!r}")
-        if self.high_bits > self.low_bits:
-            raise ValueError(
-                f"Quantized high_bits ({self.high_bits}) is ℓ_high, the *higher* compression, so it "
-                f"must not exceed low_bits ({self.low_bits}); swap them")
+        _check_levels(self, "bits", _is_bits, "an integer from 2 to 8")
         block = self.block_size
-        if isinstance(block, bool) or not isinstance(block, int) or block < 8 or block % 8:
+        if not _is_integer(block) or block < 8 or block % 8:
             raise ValueError(f"Quantized block_size must be a positive multiple of 8, got {block!r}")
         _check_ladder(self, "bits", self.low_bits, self.high_bits)
-        if not all(isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 8 for b in self.ladder):
+        if not all(_is_bits(b) for b in self.ladder):
             raise ValueError(f"Quantized ladder {self.ladder!r} must hold integers from 2 to 8")
 
     @property
@@ -177,6 +152,30 @@ def padded_length(count, size, block):
 def quantized_bytes(count, bits, block):
     """The bytes of ``count`` values (whole blocks) quantized to ``bits``, with their fp32 scales."""
     return count * bits // 8 + 4 * (count // block)
+
+
+def _is_integer(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_bits(value):
+    return _is_integer(value) and 2 <= value <= 8
+
+
+def _check_levels(config, level, valid, requirement):
+    """Fill in ``high_<level>`` (default: ``low_<level>``), check that both are ``valid`` (else say
+    they must be ``requirement``), and that ℓ_high is not the lower compression."""
+    kind, low, high = type(config).__name__, f"low_{level}", f"high_{level}"
+    if getattr(config, high) is None:
+        object.__setattr__(config, high, getattr(config, low))
+    for name in (low, high):
+        value = getattr(config, name)
+        if not valid(value):
+            raise ValueError(f"{kind} {name} must be {requirement}, got {value!r}")
+    if getattr(config, high) > getattr(config, low):
+        raise ValueError(
+            f"{kind} {high} ({getattr(config, high)}) is ℓ_high, the *higher* compression, so it "
+            f"must not exceed {low} ({getattr(config, low)}); swap them")
 
 
 def _check_ladder(config, level, low, high):
