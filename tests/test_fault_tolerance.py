@@ -84,8 +84,10 @@ def second_local_address():
                     reason="the elastic test needs a second local IPv4 address besides loopback")
 @pytest.mark.parametrize("framework", ["torch", "keras", "keras topk-sum"])
 def test_elastic_a_killed_worker_and_a_rejoin_lose_no_committed_step(framework, tmp_path):
-    """Rank 1 dies right after the commit of step 12; the survivor trains alone from there
-    with its own memory; a worker joins after the blacklist cooldown (Horovod elastic needs Gloo)."""
+    """Rank 1 dies after the commit of step 12 (torch: inside the next step's backward, once the
+    rate rode on its first buckets); the survivor trains alone from there with its own memory; a
+    worker joins after the blacklist cooldown (Horovod elastic needs Gloo), and the two decide
+    alike, through a decay of the rate."""
     (tmp_path / "hosts").write_text(f"127.0.0.1:1\n{second_local_address()}:1\n")
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")

@@ -61,3 +61,9 @@ def test_the_ddp_hook_on_gpu(one_gpu, launches, backend, np, check):
 def test_lightning_on_gpu(one_gpu, launches, check):
     pytest.importorskip("lightning")
     launches("lightning_gpu_checks", "torchrun", np=1).check(check)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("check", check_names("fsdp_gpu_checks"))
+def test_fsdp_on_one_gpu(one_gpu, launches, check):
+    launches("fsdp_gpu_checks", "torchrun", np=1).check(check)

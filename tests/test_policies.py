@@ -300,8 +300,11 @@ class LoneRank(Collectives):
     def start_allreduce_mean(self, flat, name, compression=None):
         return types.SimpleNamespace(wait=lambda: flat)
 
-    def start_allgather(self, flat, name):
+    def _start_allgather(self, flat, name):
         return types.SimpleNamespace(wait=lambda: flat.view(1, -1))
+
+    def _start_alltoall(self, rows, name):
+        return types.SimpleNamespace(wait=lambda: rows)
 
 
 LONE_SHAPES = [(20, 20), (20,), (60, 40)]
@@ -320,6 +323,15 @@ def run_steps(exchange, steps, seed=0):
         exchange.start(0, range(len(grads)), grads)
         exchange.finish()
         exchange.end_step()
+
+
+def observe_over_steps(exchange, rates):
+    """Each rate observed before a step, which carries it (``core.rates``), and the last one
+    observed again, which decides on it."""
+    for lr in rates:
+        exchange.observe_lr(lr)
+        run_steps(exchange, 1)
+    exchange.observe_lr(rates[-1])
 
 
 def lone_exchange(schedule, reducer):
@@ -342,8 +354,7 @@ def test_a_batch_switch_leaves_its_fixed_compression_at_its_level(compression):
     assert compression_levels() == {compression.levels[0]}
     run_steps(exchange, 6)
     assert 3 in schedule.levels  # the large batch was chosen: the switch happened
-    exchange.observe_lr(1.0)
-    exchange.observe_lr(0.1)  # a decay: back to the small batch
+    observe_over_steps(exchange, [1.0, 0.1])  # a decay: back to the small batch
     assert schedule.levels[0] == 1
     assert compression_levels() == {compression.levels[0]}
 

@@ -11,6 +11,8 @@ from horovod_accordion.core.reducers import make_reducer
 from horovod_accordion.core.steps import StepDriver
 
 from horovod_accordion.torch_common.tensors import TorchTensorOps
+import torch
+
 from tests.test_policies import LONE_SHAPES, LoneRank, lone_backends, lone_exchange
 
 
@@ -55,12 +57,27 @@ def test_the_completed_step_is_divided_by_its_micro_batches_and_logged_with_them
     assert schedule.log.steps_extra[-1] == {"micro_batches": 3, "lr_factor": 3.0}
 
 
-def test_a_decay_seen_at_the_count_ends_the_large_batch_at_once():
+def test_a_decay_puts_the_small_batch_in_force_once_a_step_has_carried_the_rate():
+    """The rate is agreed on the step's own collectives (``core.rates``): a drop observed during a
+    large batch rides on the exchange that ends it, and the next micro-batch is a small batch."""
     driver, schedule = driver_at_the_large_batch(multiplier=3)
-    driver.count_micro_batch(1.0)
+    grads = [torch.ones(shape) for shape in LONE_SHAPES]
+
+    def large_batch(rates):
+        for lr in rates:
+            driver.new_micro_batch()
+            completes = driver.count_micro_batch(lr)
+        assert completes
+        driver.exchange.start(0, range(len(grads)), grads)
+        driver.exchange.finish()
+        driver.end_steps()
+
+    large_batch([1.0, 1.0, 1.0])
+    large_batch([1.0, 0.1, 0.1])  # carries the drop
+    assert schedule.levels[0] == 3
     driver.new_micro_batch()
-    assert driver.count_micro_batch(0.1) is True  # the LR drop puts the small batch in force
-    assert schedule.levels[0] == 1 and driver.divisor == 2
+    assert driver.count_micro_batch(0.1) is True  # the agreed drop puts the small batch in force
+    assert schedule.levels[0] == 1 and driver.divisor is None
 
 
 def test_a_rank_that_took_anothers_count_divides_by_the_micro_batches_it_holds():

@@ -55,11 +55,11 @@ class SimulatedWorld(Collectives):
         self._send("allreduce", wire)
         return Done(compression.decompress(wire, ctx))
 
-    def start_allgather(self, flat, name):
+    def _start_allgather(self, flat, name):
         self._send("allgather", flat)
         return Done(flat.unsqueeze(0).expand(self.workers, -1))
 
-    def start_alltoall(self, rows, name):
+    def _start_alltoall(self, rows, name):
         """Every rank sends this rank's rows: rank r's row for this rank is its row 0."""
         self._send("alltoall", rows)
         return Done(rows[:1].expand(self.workers, -1))
@@ -139,7 +139,10 @@ def measure_exchange(names, grads, variant, layout, workers, level_key, repeats,
     reducer, levels = make_reducer(variant.compression or CASTS[variant.cast], [g.shape for g in grads],
                                    world.tensors, world, PlainCompressor)
     log = CommunicationLog()
-    exchange = BucketedExchange(Accordion(names, levels, window_steps=1, interval=1, log=log), reducer, grads)
+    # Without the decay rule: the learning rate it agrees rides on a step's first collective (65
+    # values, ``core.rates``), whose bytes the derived world sizes (``quantized_at``) leave out.
+    exchange = BucketedExchange(Accordion(names, levels, window_steps=1, interval=1, log=log, lr_decay_factor=None),
+                                reducer, grads)
     buckets, fusable = layout_buckets(layout, variant, [g.numel() * g.element_size() for g in grads])
     segments = [[] for _ in buckets]  # per bucket, per segment: {"compute_s": [...], "collectives": [...]}
     check_s, check_collectives = [], []

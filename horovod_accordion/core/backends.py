@@ -185,6 +185,28 @@ class TensorOps(Protocol):
     def split_like(self, flat: Tensor, tensors: List[Tensor]) -> List[Tensor]:
         """``flat`` (``flat_concat``'s result, reduced) split back into ``tensors``' shapes and dtypes."""
 
+    # Host state: values the host sets or reads between steps, which the step sends or writes
+    # without waiting for the device (``horovod_accordion.core.rates``).
+    def host_state(self, array: Any, name: str) -> Any:
+        """A host state holding the numpy ``array``, in fp64."""
+
+    def set_host_state(self, holder: Any, values: List[float]) -> None: ...
+
+    def read_host_state(self, holder: Any) -> List[float]:
+        """Its values, once the last ``hold_for_host`` into it is done."""
+
+    def hold_for_host(self, holder: Any, value: Tensor) -> None:
+        """Copy the 1-D ``value`` into ``holder`` (in a traced step, when the step runs)."""
+
+    def values_like(self, holder: Any, like: Tensor = None) -> Tensor:
+        """The host state's values as a 1-D tensor of ``like``'s dtype and device (fp64 without)."""
+
+    def with_leading_columns(self, rows: Tensor, holder: Any) -> Tensor:
+        """The 2-D ``rows`` with the host state's values in front of every row, in their dtype."""
+
+    def column_means(self, rows: Tensor) -> Tensor:
+        """The mean of each column of the 2-D ``rows``, in fp64."""
+
 
 class EagerTensorOps(TensorOps, Protocol):
     """What the exchange asks of an eager backend (torch) besides: its own checkpoints
@@ -235,9 +257,15 @@ class CollectiveOps(Protocol):
         """The bytes handed to collectives and those that crossed this rank's link
         (``collectives.wire_share``) since the last call, as a ``collectives.Traffic``."""
 
-    def agree_max(self, value: float, name: str) -> float:
-        """The largest ``value`` over ranks, on every rank: blocking, on the host (it reads no
-        device tensor), and not counted in the bytes sent (8 bytes, not the algorithm's traffic)."""
+    def carry(self, values: Any, means: Any) -> None:
+        """Send the host state ``values`` on the next of the public collectives above that can
+        carry them exactly, and hold their mean over ranks in the host state ``means``
+        (``horovod_accordion.core.rates``)."""
+
+    def riding(self) -> bool:
+        """Whether a rider waits for a collective that can carry it."""
+
+    def drop_rider(self) -> None: ...
 
 
 class Sharding(Protocol):

@@ -9,6 +9,8 @@ Each backend supplies the collectives of one flat tensor (``start_allreduce_mean
 
 from typing import NamedTuple
 
+from horovod_accordion.core.rates import RATE_VALUES, exact_average
+
 __all__ = ["Collectives", "Done", "Traffic", "wire_share"]
 
 
@@ -40,11 +42,16 @@ class Collectives:
         tensors: the backend's tensor maths, whose flat buffers the collectives send.
 
     A backend adds ``size()``, ``rank()``, ``start_allreduce_mean(flat, name, compression)``,
-    ``start_allgather(flat, name)`` and ``start_alltoall(rows, name)``; each started
+    ``_start_allgather(flat, name)`` and ``_start_alltoall(rows, name)``; each started
     collective's ``wait()`` gives its result, and each ``count``s what it hands over: the bytes
     this rank hands to the collective (``bytes_sent``) and those that cross its link
     (``wire_bytes_sent``). ``flat`` is the collective's to overwrite: averaging it in place
     spares the split of a packed buffer (``pack_products``).
+
+    The public ``start_allreduce_means``, ``start_allgather`` and ``start_alltoall`` carry a
+    rider (``carry``): a few values that ride on the first of them that can carry them exactly,
+    in the leading columns of its buffer, and whose mean over ranks is held for the host
+    (``horovod_accordion.core.rates``).
     """
 
     name_prefix = None  # Horovod matches collectives by name (``arguments.collective_prefix``)
@@ -53,6 +60,23 @@ class Collectives:
         self.tensors = tensors
         self.bytes_sent = 0
         self.wire_bytes_sent = 0
+        self._rider = None  # (values, means): a host state to send, one to hold their mean over ranks
+
+    def carry(self, values, means):
+        """Send the host state ``values`` (0/1 floats) on the next collective that can carry them
+        exactly, and hold their mean over ranks in the host state ``means`` (``hold_for_host``)."""
+        self._rider = (values, means)
+
+    def riding(self):
+        """Whether a rider waits for a collective that can carry it."""
+        return self._rider is not None
+
+    def drop_rider(self):
+        self._rider = None
+
+    def _take_rider(self):
+        rider, self._rider = self._rider, None
+        return rider
 
     def count(self, collective, handed):
         """Count a collective (``wire_share``'s names) to which this rank hands ``handed`` bytes."""
@@ -62,7 +86,44 @@ class Collectives:
     def start_allreduce_means(self, tensors, name, compression=None):
         """Start averaging each of ``tensors`` over ranks with one allreduce per wire dtype,
         instead of one call per layer. Returns the pending result: its ``wait()`` gives the
-        averages, in order."""
+        averages, in order. Carries the rider where one of ``tensors`` is averaged exactly enough
+        (``rates.exact_average``) and nothing compresses it: as one more member of its allreduce."""
+        carrier = next((t for t in tensors if compression is None and exact_average(
+            self.tensors.wire_dtype(t), int(self.size()))), None) if self._rider is not None else None
+        if carrier is None:
+            return self._start_allreduce_means(tensors, name, compression)
+        values, means = self._take_rider()
+        pending = self._start_allreduce_means([*tensors, self.tensors.values_like(values, carrier)], name)
+        return _Carrying(pending, lambda averages: self._arrived(means, averages[-1], averages[:-1]))
+
+    def start_allgather(self, flat, name):
+        """Start gathering every rank's 1-D ``flat``: ``wait()`` gives them as shape (size, len).
+        Carries the rider in the leading columns."""
+        if self._rider is None:
+            return self._start_allgather(flat, name)
+        tensors, (values, means) = self.tensors, self._take_rider()
+        flat = tensors.reshape(tensors.with_leading_columns(tensors.reshape(flat, (1, -1)), values), (-1,))
+        return _Carrying(self._start_allgather(flat, name), lambda rows: self._arrived_in_columns(means, rows))
+
+    def start_alltoall(self, rows, name):
+        """Start sending row j of ``rows`` (shape (size, k)) to rank j: ``wait()`` gives the rows
+        received, row r from rank r. Carries the rider in the leading columns of every row."""
+        if self._rider is None:
+            return self._start_alltoall(rows, name)
+        tensors, (values, means) = self.tensors, self._take_rider()
+        pending = self._start_alltoall(tensors.with_leading_columns(rows, values), name)
+        return _Carrying(pending, lambda received: self._arrived_in_columns(means, received))
+
+    def _arrived_in_columns(self, means, rows):
+        tensors, width = self.tensors, RATE_VALUES
+        return self._arrived(means, tensors.column_means(tensors.columns(rows, 0, width)),
+                             tensors.columns(rows, width, None))
+
+    def _arrived(self, means, mean, result):
+        self.tensors.hold_for_host(means, mean)
+        return result
+
+    def _start_allreduce_means(self, tensors, name, compression=None):
         groups = {}
         for i, tensor in enumerate(tensors):
             groups.setdefault(self.tensors.wire_dtype(tensor), []).append(i)
@@ -78,14 +139,6 @@ class Collectives:
     def included(self):
         """Whether this process takes part in the collectives: a Horovod process set may leave it out."""
         return True
-
-    def agree_max(self, value, name):
-        """The largest ``value`` over ranks, by the backend's allgather, which may be a device's:
-        the real backends agree on the host instead."""
-        counted = self.bytes_sent, self.wire_bytes_sent
-        gathered = self.start_allgather(self.tensors.from_floats([value]), name).wait()
-        self.bytes_sent, self.wire_bytes_sent = counted
-        return max(self.tensors.to_floats(gathered.reshape(-1)))
 
     def take_traffic(self):
         """The ``Traffic`` since the last call."""
@@ -103,6 +156,17 @@ class Done:
 
     def wait(self):
         return self.output
+
+
+class _Carrying:
+    """A started collective that carries a rider: ``wait()`` holds the rider's mean and gives the
+    collective's own result."""
+
+    def __init__(self, pending, arrived):
+        self.pending, self.arrived = pending, arrived
+
+    def wait(self):
+        return self.arrived(self.pending.wait())
 
 
 class _FusedAverage:

@@ -26,6 +26,7 @@ import warnings
 from typing import Optional
 
 from horovod_accordion.core.backends import CollectiveOps, EagerTensorOps, Sharding
+from horovod_accordion.core.rates import RateAgreement
 from horovod_accordion.core.reducers import BucketReduction, split_state
 
 __all__ = ["END_EPOCH_BEFORE_ANY_STEP", "BucketedExchange", "check_epoch_windows", "warn_end_epoch_before_any_step"]
@@ -82,36 +83,31 @@ class BucketedExchange:
             if accordion.keeps_delta else None
         self.non_finite_counts = tensors.counters(len(params)) if accordion.adaptive else None
         self.started = {}  # bucket -> its BucketReduction, for the step in progress
-        self.lr_agreed = False  # whether this step (or micro-batch) has agreed its learning rate
+        self.rates = RateAgreement(tensors, self.collectives) if self._agrees_lr() else None
 
     def observe_lr(self, lr):
         """Before a step's first bucket only: its later phases must run at the levels it
         started with, so a rate changed between backward and step counts from the next step.
 
-        Where a decay would switch levels, the detector sees the largest rate over ranks: ranks
-        whose rates differ (a ``ReduceLROnPlateau`` stepped on each rank's own loss) would
-        otherwise switch apart and their collectives no longer match. So the first call of a
-        step (or of a micro-batch, ``new_micro_batch``) is a collective, one 8-byte host
-        allreduce, and the step's later calls are ignored: whichever call comes first on a rank
-        (a hook, ``step()``, a trainer's callback), each rank agrees once. Every rank must call
-        it in every step, or none. ``lr_decay_factor=None`` turns the rule and the agreement off."""
-        if self.started or self.lr_agreed:
+        Where a decay would switch levels, the rate is agreed over ranks (``core.rates``): the
+        rate last observed before a step's first bucket rides on that step's collectives, and
+        the schedule sees it at the next observation, the same on every rank; where the ranks'
+        rates differ, every rank raises. ``lr_decay_factor=None`` turns the rule and the
+        agreement off."""
+        if self.started:
             return
-        if lr is not None and self._agrees_lr():
-            lr = self.world.agree_max(lr, "lr")
-            self.lr_agreed = True
+        if self.rates is not None:
+            agreed = self.rates.agreed()
+            if lr is not None:
+                self.rates.observe(lr)
+            lr = agreed
         if self.accordion.observe_lr(lr):
             self.accordion.apply_levels(self.reducer)
-
-    def new_micro_batch(self):
-        """A micro-batch of a large batch begins: it observes the rate again (a decay switches to
-        the small batch at once)."""
-        self.lr_agreed = False
 
     def _agrees_lr(self):
         accordion = self.accordion
         return accordion.adaptive and accordion.detector.lr_decay_factor is not None and \
-            accordion.policy.reads_norms and self.collectives.included() and self.world.size() > 1
+            accordion.policy.reads_norms and self.collectives.included()
 
     def start(self, bucket, layers, grads, divisor=None, reducer=None):
         """Start reducing ``grads``, the gradients of ``layers``; on the wire they are divided
@@ -119,6 +115,8 @@ class BucketedExchange:
         replaces the compressing one for this bucket (DDP's plain allreduce before ``start_iter``)."""
         if not self.started:
             self.scale = self.loss_scale() if self.loss_scale is not None else None
+            if self.rates is not None:
+                self.rates.start_step()
         if self.scale is not None:
             grads = self.tensors.unscaled(grads, self.scale)
         if self.accordion.adaptive:
@@ -152,20 +150,30 @@ class BucketedExchange:
             self.tensors.set_level(self.accumulating, self.accordion.window_accumulates)
 
     def finish(self):
-        """Every started bucket's averages, as ``{layer: average}``. The step's buckets are
-        dropped even if a collective fails, so a retried step (elastic) starts clean."""
+        """Every started bucket's averages, as ``{layer: average}``. The step is abandoned if a
+        collective fails, so a retried step (elastic) starts clean."""
         try:
             outputs = BucketReduction.finish(list(self.started.values()))
-        finally:
-            self.started = {}
+            if self.rates is not None and self.started:
+                self.rates.collectives_done()
+        except BaseException:
+            self.abandon_step()
+            raise
+        self.started = {}
         if self.scale is None:
             return outputs
         return {layer: self.tensors.scaled(average, self.scale) for layer, average in outputs.items()}
 
+    def abandon_step(self):
+        """A step failed, or state is restored: its buckets and whatever its collectives carried
+        are dropped, on every rank alike, so that survivors and a joining worker go on alike."""
+        self.started = {}
+        if self.rates is not None:
+            self.rates.abandon_step()
+
     def end_step(self, micro_batches=1, record=None, traffic=None):
         """Count the step and log its ``Traffic`` (by default what the collectives counted since
         the last step) and ``record``'s fields; close the window if the step completes one."""
-        self.lr_agreed = False
         window_complete = self.accordion.step_done(micro_batches)
         traffic = self._take_traffic() if traffic is None else traffic
         self.accordion.log.record_step(self.accordion.step, traffic, **(record or {}))
@@ -345,6 +353,7 @@ class BucketedExchange:
         shared, per_rank = split_state(self.reducer)
         mine = saved["per_rank"]
         own = self._resolve_own(mine, own)
+        self.abandon_step()
         self.load_schedule(saved["schedule"])
         self.tensors.import_state(shared, saved["reducer"])
         self.reducer.restored()

@@ -17,7 +17,6 @@ class HorovodProcessSetCollectives(Collectives):
 
     horovod_module = None  # horovod.torch or horovod.tensorflow
     as_tensor = None  # torch.tensor or tf.constant
-    host_tensor = None  # an fp64 tensor of these values, on the host
 
     def __init__(self, tensors, process_set, gradient_predivide_factor=1.0, name_prefix="accordion"):
         super().__init__(tensors)
@@ -47,12 +46,6 @@ class HorovodProcessSetCollectives(Collectives):
         root = self.process_set.ranks[0] if self.process_set.ranks else 0
         return self.horovod_module.broadcast_object(value, root_rank=root, process_set=self.process_set,
                                                     name="accordion.signature")
-
-    def agree_max(self, value, name):
-        """The largest ``value`` over the set, on every member: a host tensor, Horovod's Max."""
-        agreed = self.horovod_module.allreduce(self.host_tensor([float(value)]), op=self.horovod_module.Max,
-                                               name=f"{self.name_prefix}.{name}", process_set=self.process_set)
-        return float(agreed.numpy()[0])
 
     def sum_over_ranks(self, count):
         total = self.horovod_module.allreduce(self.as_tensor([count]), op=self.horovod_module.Sum,

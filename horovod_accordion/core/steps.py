@@ -77,7 +77,6 @@ class StepDriver:
     def new_micro_batch(self):
         """A new micro-batch begins: the next count is its own."""
         self._counted = None
-        self.exchange.new_micro_batch()
 
     @property
     def divisor(self):
@@ -98,8 +97,10 @@ class StepDriver:
             self.exchange.end_step(micro_batches, record, traffic=traffic if last else Traffic())
 
     def reset(self):
-        """After a restore: no micro-batch is counted, and no step is in progress."""
+        """After a restore or a failed step: no micro-batch is counted, and no step is in
+        progress (``BucketedExchange.abandon_step``)."""
         self._counted, self.completed = None, None
+        self.exchange.abandon_step()
 
     def state_dict(self):
         """A large batch in progress, and where the LR warm-up stands; ``None`` without a batch switch."""

@@ -282,7 +282,7 @@ class AccordionState(HookStateViews):
             return arrived.future
         except BaseException:
             if self._exchange is not None:
-                self._exchange.started = {}
+                self._exchange.abandon_step()
             self._arrived, self._waiting = [], []
             raise
 

@@ -85,8 +85,8 @@ class HookStateViews:
 
     def observe_lr(self, lr):
         """Tell the detector the learning rate of the coming step (if no ``optimizer`` was given).
-        A collective where the decay rule can switch levels (the rate is agreed over ranks, see
-        ``BucketedExchange.observe_lr``): call it on every rank, at the same points."""
+        It rides on the step's collectives and is agreed over ranks (``BucketedExchange.observe_lr``):
+        call it on every rank, before each step."""
         if self._exchange is not None:
             self._steps.observe_lr(lr)
         else:

@@ -13,7 +13,7 @@ parameters' gradients out of it: per parameter, in the unit's order, a block of
 layer's, and refuses, with the reason, what the cross-replica exchange can't work with.
 """
 
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,15 +34,21 @@ class Unit(NamedTuple):
     offsets: List[int]
     shapes: List[torch.Size]
     numel: int
+    trainable: List[Tuple[str, torch.nn.Parameter, bool]]  # every parameter of the unit: name, itself, trainable
 
     def shards_of(self, flat):
         """The views of ``flat`` that hold each layer's padded shard. FSDP chooses the buffer's
         parameters at each step (the trainable ones), so a parameter frozen or unfrozen since the
-        layout was read would move every offset: that is refused here, before anything is read."""
-        if flat.numel() != self.numel:
-            raise RuntimeError(f"FSDP reduce-scattered {flat.numel()} gradient entries for a unit whose trainable "
-                               f"parameters' shards hold {self.numel}: a parameter's requires_grad changed after "
-                               f"the AccordionState was built; build the state again after freezing or unfreezing")
+        layout was read moves the offsets, or, where one of the same size changed the other way,
+        gives one layer's place to another: either is refused here, naming the parameters, before
+        anything is read."""
+        changed = [f"{name!r} ({'unfrozen' if param.requires_grad else 'frozen'})"
+                   for name, param, was in self.trainable if param.requires_grad != was]
+        if changed or flat.numel() != self.numel:
+            raise RuntimeError(f"a parameter's requires_grad changed after the AccordionState was built: "
+                               f"{', '.join(changed) or 'none of this unit'}; FSDP reduce-scattered {flat.numel()} "
+                               f"gradient entries for a unit whose trainable parameters' shards hold {self.numel}. "
+                               f"Build the state again after freezing or unfreezing")
         return [flat[offset:offset + shape.numel()].view(shape) for offset, shape in zip(self.offsets, self.shapes)]
 
     def post_divide(self, flat):
@@ -77,6 +83,7 @@ class ShardLayout:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in named]
         layer_of = {p: layer for layer, (_, p) in enumerate(named)}
+        name_of = {p: name for name, p in model.named_parameters()}
         self.shapes: List[torch.Size] = [None] * len(named)  # each layer's padded shard's
         self.layer_shapes = [tuple(p.shape) for _, p in named]  # the whole layers' (a DTensor's shape is global)
         self.shard_params = [None] * len(named)  # each layer's padded local shard, a view of FSDP's storage
@@ -123,7 +130,9 @@ class ShardLayout:
                 self.shapes[layer] = shape
                 self.shard_params[layer] = fsdp_param._sharded_param_data.view(shape)
                 offset += shape.numel()
-            self.units.append(Unit(module, group, layers, offsets, shapes, offset))
+            trainable = [(name_of.get(f.sharded_param, "?"), f.sharded_param, f.sharded_param.requires_grad)
+                         for f in group.fsdp_params]
+            self.units.append(Unit(module, group, layers, offsets, shapes, offset, trainable))
             self._all_shards += [f._sharded_param_data for f in group.fsdp_params]
         if not self.units:
             raise TypeError("the model has no fully_shard unit: shard it first, fully_shard(block, "

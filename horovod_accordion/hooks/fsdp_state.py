@@ -146,6 +146,13 @@ class AccordionState(HookStateViews):
             Variable._execution_engine.queue_callback(self._end_step)
             self._in_step = True
             self._observe_optimizer_lr()
+        if flat.is_cuda:
+            # FSDP runs this hook on its all-reduce stream and keeps the reduce-scatter output
+            # alive past it only for native HSDP: with a reduce_dtype other than the parameters'
+            # or with accumulation, the next unit's reduce-scatter could take its memory while the
+            # kernels and cross-replica collectives queued here still read it. Recorded on this
+            # stream, the caching allocator holds it until they have run.
+            flat.record_stream(torch.cuda.current_stream(flat.device))
         try:
             shards = unit.shards_of(flat)
             post_divide = unit.post_divide(flat)
@@ -156,7 +163,9 @@ class AccordionState(HookStateViews):
             self._abandon_step()
             raise
         for layer, shard in zip(unit.layers, shards):
-            shard.copy_(outputs[layer] * post_divide if post_divide else outputs[layer])
+            average = outputs[layer] * post_divide if post_divide else outputs[layer]
+            if average.data_ptr() != shard.data_ptr():  # Compression.none averages the buffer in place
+                shard.copy_(average)
 
     def _end_step(self):
         self._in_step = False
@@ -171,4 +180,4 @@ class AccordionState(HookStateViews):
 
     def _abandon_step(self):
         self._in_step = False
-        self._exchange.started = {}
+        self._exchange.abandon_step()

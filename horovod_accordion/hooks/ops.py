@@ -46,14 +46,6 @@ class DistributedCollectives(Collectives):
         super().__init__(tensors)
         self.process_group = process_group
 
-    def agree_max(self, value, name):
-        """The largest ``value`` over the group, on every rank, on the host where the group allows
-        it: see ``host_values_group``."""
-        group, device = host_values_group(self.process_group, self.tensors.device)
-        agreed = torch.tensor([float(value)], dtype=torch.float64, device=device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-        return float(agreed.cpu().numpy()[0])
-
     def size(self):
         return dist.get_world_size(self.process_group)
 
@@ -74,14 +66,14 @@ class DistributedCollectives(Collectives):
         work = dist.all_reduce(wire, group=self.process_group, async_op=True)
         return _Pending(work, lambda: compression.decompress(wire if divide_first else wire.div_(self.size()), ctx))
 
-    def start_allgather(self, flat, name):
+    def _start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len); Gloo gathers into a list."""
         self.count("allgather", flat.numel() * flat.element_size())
         gathered = [torch.empty_like(flat) for _ in range(self.size())]
         work = dist.all_gather(gathered, flat, group=self.process_group, async_op=True)
         return _Pending(work, lambda: torch.stack(gathered))
 
-    def start_alltoall(self, rows, name):
+    def _start_alltoall(self, rows, name):
         """Row j of ``rows`` (one per rank) to rank j; ``wait()`` gives the rows received, row r
         from rank r."""
         self.count("alltoall", rows.numel() * rows.element_size())
@@ -101,22 +93,3 @@ class DistributedCollectives(Collectives):
         total = torch.tensor([count], dtype=torch.int64, device=self.tensors.device)
         dist.all_reduce(total, group=self.process_group)
         return int(total.item())
-
-
-_HOST_GROUPS = {}  # process group -> (group, device) for values that the host reads
-
-
-def host_values_group(process_group, device):
-    """Where ``process_group``'s ranks reduce a value that the host reads: the group itself where
-    its backend has Gloo (CPU tensors), else one Gloo group of the default group's ranks, made
-    once per process at the first call, on every rank (NCCL takes device tensors only); a NCCL
-    subgroup has no host way, and reduces on ``device``."""
-    key = process_group if process_group is not None else dist.group.WORLD  # a new one after a re-init
-    if key not in _HOST_GROUPS:
-        if "gloo" in str(dist.get_backend(process_group)):
-            _HOST_GROUPS[key] = (process_group, "cpu")
-        elif dist.get_world_size(process_group) == dist.get_world_size():
-            _HOST_GROUPS[key] = (dist.new_group(backend="gloo"), "cpu")
-        else:
-            _HOST_GROUPS[key] = (process_group, device)
-    return _HOST_GROUPS[key]

@@ -16,15 +16,6 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
     horovod_module = hvd
     as_tensor = staticmethod(tf.constant)
 
-    @staticmethod
-    def host_tensor(values):
-        return tf.constant(values, dtype=tf.float64)
-
-    def agree_max(self, value, name):
-        """On the host: eager TF would place Horovod's op on a GPU where there is one."""
-        with tf.device("/cpu:0"):
-            return super().agree_max(value, name)
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Counted by the traced step: a variable, read between steps.
@@ -44,9 +35,9 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         """A graph op, done when started (TF runs it when its inputs are ready): the grouped
         allreduce of ``start_allreduce_means`` with one member, so compression, the wire dtype,
         the byte count and the pre/post-scaling are written once."""
-        return Done(self.start_allreduce_means([flat], name, compression).wait()[0])
+        return Done(self._start_allreduce_means([flat], name, compression).wait()[0])
 
-    def start_allreduce_means(self, tensors, name, compression=None):
+    def _start_allreduce_means(self, tensors, name, compression=None):
         """Each of ``tensors`` averaged over ranks by one grouped allreduce, as Horovod's tape does:
         Horovod fuses them in its own buffer, where a concatenation here would copy every
         gradient twice more."""
@@ -62,13 +53,13 @@ class TensorFlowCollectives(HorovodProcessSetCollectives):
         return Done([tf.cast(compression.decompress(value, ctx), tensor.dtype)
                       for value, (_, ctx), tensor in zip(reduced, wires, tensors)])
 
-    def start_allgather(self, flat, name):
+    def _start_allgather(self, flat, name):
         """Every rank's 1-D ``flat``, as shape (size, len)."""
         self._count(flat, "allgather")
         gathered = hvd.allgather(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return Done(tf.reshape(gathered, [self.size(), -1]))
 
-    def start_alltoall(self, rows, name):
+    def _start_alltoall(self, rows, name):
         """Row j of ``rows`` (one per rank) to rank j; the rows received, row r from rank r."""
         self._count(rows, "alltoall")
         received = hvd.alltoall(rows, name=f"{self.name_prefix}.{name}", process_set=self.process_set)

@@ -296,9 +296,9 @@ class AccordionState(tf.Module):
             self.step_end()
 
     def observe_lr(self, lr):
-        """Report the learning rate in force; a decay event puts every layer at ℓ_low. A
-        collective where the decay rule can switch levels (the rate is agreed over ranks, see
-        ``BucketedExchange.observe_lr``): call it on every rank, at the same points."""
+        """Report the learning rate in force; a decay event puts every layer at ℓ_low. It rides on
+        the next step's collectives and is agreed over ranks (``BucketedExchange.observe_lr``):
+        call it on every rank, before each step."""
         with self._python_state():
             self._steps.observe_lr(float(lr))
 

@@ -277,6 +277,31 @@ class TensorFlowTensorOps:
     def false_as_ones(self, flags):
         return tf.cast(tf.logical_not(flags), tf.float32)
 
+    # Host state: values the host sets or reads between steps (``horovod_accordion.core.rates``).
+    def host_state(self, array, name):
+        with tf.device("/cpu:0"):
+            return tf.Variable(array.astype(np.float64), trainable=False, name=name)
+
+    def set_host_state(self, holder, values):
+        holder.assign(values)
+
+    def read_host_state(self, holder):
+        return holder.numpy().tolist()
+
+    def hold_for_host(self, holder, value):
+        holder.assign(tf.cast(tf.reshape(value, [-1]), tf.float64))
+
+    def values_like(self, holder, like=None):
+        return tf.cast(tf.convert_to_tensor(holder), tf.float64 if like is None else like.dtype)
+
+    def with_leading_columns(self, rows, holder):
+        count = rows.shape[0] if rows.shape[0] is not None else tf.shape(rows)[0]
+        lead = tf.broadcast_to(self.values_like(holder, rows)[None, :], [count, holder.shape[0]])
+        return tf.concat([lead, rows], axis=1)
+
+    def column_means(self, rows):
+        return tf.reduce_mean(tf.cast(rows, tf.float64), axis=0)
+
     def to_floats(self, tensor):
         return tensor.numpy().tolist()
 

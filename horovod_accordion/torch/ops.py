@@ -49,10 +49,6 @@ class TorchCollectives(HorovodProcessSetCollectives):
     horovod_module = hvd
     as_tensor = staticmethod(torch.tensor)
 
-    @staticmethod
-    def host_tensor(values):
-        return torch.tensor(values, dtype=torch.float64, device="cpu")
-
     # Collectives: one fused call per phase; each counts the bytes this rank contributes.
     def start_allreduce_mean(self, flat, name, compression=None):
         """Start Horovod's asynchronous allreduce; the result's ``wait()`` gives the average."""
@@ -67,13 +63,13 @@ class TorchCollectives(HorovodProcessSetCollectives):
                                       postscale_factor=self.gradient_predivide_factor, process_set=self.process_set)
         return _Pending(handle, lambda reduced: compression.decompress(reduced, ctx), wire.device.type == "cpu")
 
-    def start_allgather(self, flat, name):
+    def _start_allgather(self, flat, name):
         """Start gathering every rank's 1-D ``flat``; ``wait()`` gives them as shape (size, len)."""
         self.count("allgather", flat.numel() * flat.element_size())
         handle = hvd.allgather_async(flat, name=f"{self.name_prefix}.{name}", process_set=self.process_set)
         return _Pending(handle, lambda gathered: gathered.view(self.size(), -1), flat.device.type == "cpu")
 
-    def start_alltoall(self, rows, name):
+    def _start_alltoall(self, rows, name):
         """Start sending row j of ``rows`` (one per rank) to rank j; ``wait()`` gives the rows
         received, row r from rank r."""
         self.count("alltoall", rows.numel() * rows.element_size())

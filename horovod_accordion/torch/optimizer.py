@@ -153,7 +153,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._passes[layer] > self.backward_passes_per_step:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                "Increase backward_passes_per_step to accumulate gradients locally.")
+                "Increase backward_passes_per_step to accumulate gradients locally. (A gradient penalty's "
+                "backward() after loss.backward(create_graph=True) is one more pass: backward_passes_per_step=2.)")
         if self._passes[layer] == self.backward_passes_per_step:
             bucket = self._bucket_of[layer]
             self._ready[bucket] += 1
@@ -216,7 +217,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif p.grad.is_sparse:
                 p.grad = grad.to_sparse()
             else:
-                p.grad.copy_(grad)
+                # Outside autograd: a gradient made with backward(create_graph=True) keeps its graph,
+                # so a Hessian-vector product through p.grad differentiates this rank's gradient, as
+                # it would without Horovod, where a recorded copy would have cut it off.
+                with torch.no_grad():
+                    p.grad.copy_(grad)
         self._steps.end_steps()
         self._synchronized = True
         return True

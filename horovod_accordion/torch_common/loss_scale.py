@@ -12,6 +12,7 @@ underflow: the exchange sees the same numbers whatever S is.
 """
 
 import gc
+import math
 import warnings
 
 import torch
@@ -37,6 +38,7 @@ class LossScale:
         self.grad_scaler = grad_scaler
         self.argument = argument
         self._looked = False
+        self._checked = None  # the scaler whose factors were checked
 
     def __call__(self):
         scaler = self.grad_scaler
@@ -47,11 +49,28 @@ class LossScale:
             return None
         if not scaler.is_enabled() or scaler._scale is None:
             return None
+        if self._checked is not scaler:
+            self._checked = scaler
+            _warn_if_not_powers_of_two(scaler)
         return scaler._scale.reshape(())  # 0-d: it scales bf16 gradients without promoting them
 
     def __getstate__(self):
         """A scaler is the training loop's, and does not travel with a pickled state."""
         return {"grad_scaler": None, "argument": self.argument, "_looked": False}
+
+
+def _warn_if_not_powers_of_two(scaler):
+    """Once per scaler, from its settings on the host (no device read): the division by the scale
+    is exact for powers of two only, which GradScaler's defaults are."""
+    factors = {"init_scale": scaler._init_scale, "growth_factor": scaler._growth_factor,
+               "backoff_factor": scaler._backoff_factor}
+    odd = {name: value for name, value in factors.items() if math.frexp(value)[0] != 0.5}
+    if odd:
+        warnings.warn(
+            f"the GradScaler's {', '.join(f'{k}={v}' for k, v in odd.items())} {'is' if len(odd) == 1 else 'are'} not "
+            f"a power of two: its loss scales are not either, and the gradients × 1/scale that Accordion's detector "
+            f"and error feedback see are rounded (by about one unit in the last place a step), so they depend a little "
+            f"on the scale. GradScaler's defaults (65536, 2, 0.5) are exact", RuntimeWarning)
 
 
 def _warn_of_an_unseen_scaler(argument):

@@ -34,6 +34,20 @@ def summary_writer(logdir):
     return SummaryWriter(logdir)
 
 
+def _end_to_end(tensors, dtype):
+    """The 1-D span of one storage that ``tensors`` (contiguous, of ``dtype``) cover one after
+    another, or ``None``."""
+    first = tensors[0] if tensors else None
+    if first is None or any(t.dtype != dtype or not t.is_contiguous() for t in tensors):
+        return None
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for t in tensors:
+        if t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset:
+            return None
+        offset += t.numel()
+    return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
+
+
 def _on_cpu(tensor):
     """Where the CPU path is cheaper: reading a flag costs nothing there, so an ``if`` spares the
     full-size ``where`` that an accelerator needs to decide without waiting for the device; and
@@ -77,6 +91,16 @@ class Level:
 
     def __init__(self, value):
         self.value = value
+
+
+class _HostState:
+    """A host state (``TorchTensorOps.host_state``) and the event after the last asynchronous
+    copy into it."""
+
+    def __init__(self, values, device):
+        pinned = torch.device(device).type == "cuda"
+        self.values = values.pin_memory() if pinned else values
+        self.written = None
 
 
 class TorchTensorOps:
@@ -374,6 +398,45 @@ class TorchTensorOps:
     def false_as_ones(self, flags):
         return (~flags).to(torch.float32)
 
+    # Host state: values the host sets or reads between steps, which the step sends or writes
+    # without waiting (``horovod_accordion.core.rates``).
+    def host_state(self, array, name):
+        """On the host, fp64; pinned where the state lives on a GPU, so that copies to and from
+        the device are asynchronous."""
+        return _HostState(torch.from_numpy(array).to(torch.float64), self.device)
+
+    def set_host_state(self, holder, values):
+        # The step that last read it has been waited for (``read_host_state`` of the means it
+        # carried came first), so no copy from it is still in flight.
+        holder.values.copy_(torch.tensor(values, dtype=torch.float64))
+
+    def read_host_state(self, holder):
+        if holder.written is not None:
+            holder.written.synchronize()
+        return holder.values.tolist()
+
+    def hold_for_host(self, holder, value):
+        """Copy the device's ``value`` into ``holder`` without waiting: ``read_host_state`` waits."""
+        holder.values.copy_(value.reshape(-1), non_blocking=True)
+        if holder.values.is_pinned():
+            holder.written = torch.cuda.Event()
+            holder.written.record()
+
+    def values_like(self, holder, like=None):
+        """The host state's values as a 1-D tensor of ``like``'s dtype and device (fp64 on the
+        state's device without one)."""
+        return holder.values.to(device=self.device if like is None else like.device,
+                                dtype=torch.float64 if like is None else like.dtype, non_blocking=True)
+
+    def with_leading_columns(self, rows, holder):
+        """``rows`` (2-D) with the host state's values in front of every row, in the rows' dtype."""
+        lead = self.values_like(holder, rows)
+        return torch.cat([lead.expand(rows.shape[0], -1), rows], dim=1)
+
+    def column_means(self, rows):
+        """The mean of each column, in fp64."""
+        return rows.to(torch.float64).mean(dim=0)
+
     def to_floats(self, tensor):
         return tensor.tolist()
 
@@ -420,16 +483,18 @@ class TorchTensorOps:
 
     def flat_concat(self, tensors, wire_dtype):
         """The tensors as one flat buffer, which the collectives overwrite with their result.
-        The tensors of a ``pack_products`` buffer are that buffer, and a lone contiguous tensor
-        already in ``wire_dtype`` is its own, with no copy, as Horovod's optimizer reduces
-        ``p.grad`` in place: the reducers only pass tensors whose average replaces them
-        (gradients) or that are theirs (P, Q)."""
+        The tensors of a ``pack_products`` buffer are that buffer, and tensors already in
+        ``wire_dtype`` that lie end to end in one storage (a lone contiguous one, or the
+        gradients of a DDP bucket or an FSDP unit, views of its buffer) are the span they cover,
+        with no copy, as Horovod's optimizer reduces ``p.grad`` in place: the reducers only pass
+        tensors whose average replaces them (gradients) or that are theirs (P, Q)."""
         dtype = getattr(torch, wire_dtype)
         packed = self._packed_buffer(tensors)
         if packed is not None and packed.dtype == dtype:
             return packed
-        if len(tensors) == 1 and tensors[0].dtype == dtype and tensors[0].is_contiguous():
-            return tensors[0].view(-1)
+        span = _end_to_end(tensors, dtype)
+        if span is not None:
+            return span
         return torch.cat([t.reshape(-1).to(dtype) for t in tensors])
 
     def split_like(self, flat, tensors):

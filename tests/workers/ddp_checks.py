@@ -14,6 +14,7 @@ from horovod_accordion.ddp import (AccordionState, Compression, ErrorBudget, Pha
 from horovod_accordion.trainers.common import EveryRankState, attach
 from tests.workers.models import batch_of_rank, horovod_import_error, make_model
 from tests.workers import quantized_checks
+from tests.workers.collective_counts import assert_adaptive_steps_make_the_static_collectives
 from tests.workers.policy_reference import assert_policy_checks, reference_costs
 
 COMPRESSIONS = {"powersgd 2/1": PowerSGD(2, 1, min_compression_rate=0), "topk 0.5/0.1": TopK(0.5, 0.1),
@@ -529,19 +530,29 @@ def check_a_trainer_checkpoint_gathers_every_ranks_state_on_the_first_rank_only(
     assert all(torch.equal(mine[i], theirs[i]) for i in mine)
 
 
-def check_ranks_whose_learning_rates_differ_switch_together():
+def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate():
     """Rank 0's rate drops 10x at step 4, rank 1's at step 8 (a ReduceLROnPlateau stepped on each
-    rank's own loss): the hook reads each rank's own optimizer, and the detector sees the largest
-    rate, so the decay comes at step 8 on both ranks, whose levels stay alike."""
+    rank's own loss): the hook reads each rank's own optimizer, step 4 carries both rates, and the
+    next step's first hook raises on both ranks, naming each rank's rate."""
     decay_steps = (4, 8)
     model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0), lr=0.1, verify_levels=True)
     for step in range(12):
         for group in optimizer.param_groups:
             group["lr"] = 0.01 if step >= decay_steps[dist.get_rank()] else 0.1
-        train(model, optimizer, 1, first=step)
-    decays = [(c["step"], c["lr"]) for c in state.accordion_stats()["checks"] if c["event"] == "lr_decay"]
-    assert decays == [(8, 0.01)], decays
-    return decays
+        try:
+            train(model, optimizer, 1, first=step)
+        except RuntimeError as error:
+            assert "learning rates differ (rank: rate, None where none was observed): {0: 0.01, 1: 0.1}" in \
+                str(error), error
+            assert step == 5 and not any(c["event"] == "lr_decay" for c in state.accordion_stats()["checks"])
+            return step
+    raise AssertionError("the ranks' rates differed and nothing was raised")
+
+
+def check_an_adaptive_step_makes_the_collectives_of_the_static_one():
+    return assert_adaptive_steps_make_the_static_collectives(hooked, train, (
+        (PowerSGD(2, 1, min_compression_rate=0), PowerSGD(2, min_compression_rate=0)),
+        (Quantized(8, 4), Quantized(8)), (TopK(0.5, 0.1, wire="dense"), TopK(0.5, wire="dense"))))
 
 
 def check_end_epoch_before_any_step_warns_in_the_same_words_bound_or_not():

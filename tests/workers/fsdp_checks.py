@@ -21,9 +21,11 @@ import horovod_accordion.hooks.fsdp_state as fsdp_state
 from horovod_accordion.advise.profile import measure_exchange, padded_shard
 from horovod_accordion.advise.variants import Variant, parse_variant
 from horovod_accordion.core.compression import kept_count, padded_length, quantized_bytes
+from horovod_accordion.core.rates import RATE_VALUES
 from horovod_accordion.ddp import AccordionState as DDPAccordionState
 from horovod_accordion.fsdp import AccordionState, Compression, PhaseSchedule, PowerSGD, Quantized, TopK
 from horovod_accordion.torch_common.tensors import TorchTensorOps
+from tests.workers.collective_counts import assert_adaptive_steps_make_the_static_collectives
 from tests.workers.models import Float64State, horovod_import_error
 
 REPLICAS = SHARDS = 2
@@ -284,13 +286,23 @@ def assert_detector_norms(name, state, steps):
             assert abs(logged - expected) <= 1e-10 * expected, (name, check["step"], layer, logged, expected)
 
 
+def check_an_adaptive_step_makes_the_collectives_of_the_static_one():
+    """As on DDP (``ddp_checks``): FSDP's own reduce-scatters and all-gathers, and ours across
+    replicas, are those of the static step."""
+    return assert_adaptive_steps_make_the_static_collectives(hooked, train, (
+        (PowerSGD(2, 1, min_compression_rate=0), PowerSGD(2, min_compression_rate=0)),
+        (Quantized(8, 4), Quantized(8))))
+
+
 def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
     """fp32, as users train: the levels, checks and bytes are the same on every rank, both levels
     are used, and each step's bytes are the formula for the padded shards at the step's levels:
     PowerSGD sends P (n × r) and Q (m × r) of each compressed shard and every 1-D shard whole; TopK
     (dense wire at 2 replicas for these sizes, or the sparse one when cheaper) its kept entries;
     Quantized every shard, padded to whole blocks for each replica, all of it handed to the
-    all-to-all and a replica's part to the all-gather."""
+    all-to-all and a replica's part to the all-gather. Each unit's first collective carries the
+    learning rate's 65 values (``core.rates``): fp32 on an allreduce, a byte in each row of the
+    all-to-all."""
     report = {}
     for name, compression in {"powersgd": PowerSGD(2, 1, min_compression_rate=0), "topk": TopK(0.5, 0.1),
                               "quantized": Quantized(8, 4)}.items():
@@ -303,8 +315,9 @@ def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
         assert all(h == history for h in every_rank(history)), name
         assert {level for _, _, levels in history for level in levels.values()} == set(compression.levels), history
         layout = state._layout
+        rate_bytes = len(layout.units) * RATE_VALUES * (REPLICAS if name == "quantized" else 4)
         for step, levels in enumerate(levels_per_step):
-            expected = 0
+            expected = rate_bytes
             for layer_name, shape in zip(layout.names, layout.shapes):
                 numel = shape.numel()
                 if layer_name not in levels:
@@ -509,6 +522,34 @@ def check_a_failed_backward_leaves_the_state_ready_for_the_next_step():
     assert state.iter == 6 and [c["step"] for c in state.accordion_stats()["checks"]] == [2, 4, 6], \
         (state.iter, state.accordion_stats()["checks"])
     return said
+
+
+def check_a_parameter_frozen_as_another_of_its_size_is_unfrozen_is_refused_naming_both():
+    """Issue 45: the unit's buffer keeps its size when ``0.bias`` is unfrozen as ``2.bias`` (the
+    same shape, in the same unit) is frozen; the layout compared sizes only, and ``2.bias``'s
+    error feedback, Δ and name went to ``0.bias``'s gradient. Refused now, naming both."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    model[0].bias.requires_grad_(False)
+    fully_shard(model, mesh=mesh()["shard"])
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    AccordionState(mesh(), PowerSGD(2, 1, min_compression_rate=0), model=model, optimizer=optimizer, window_steps=2,
+                   interval=1)
+    for step in range(2):
+        optimizer.zero_grad()
+        x, y = batch(step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    model[0].bias.requires_grad_(True)
+    model[2].bias.requires_grad_(False)
+    x, y = batch(2)
+    try:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    except RuntimeError as error:
+        assert "'0.bias' (unfrozen), '2.bias' (frozen)" in str(error), str(error)
+        return str(error)
+    raise AssertionError("a parameter swapped for another of its size went unnoticed")
 
 
 class WithABranch(torch.nn.Module):

@@ -1,5 +1,8 @@
-"""Ranks whose learning rates differ switch together: the rate the decay rule sees is agreed over
-the ranks once per step, whatever calls observe it; on 2 real ranks, torch and TF."""
+"""The rate the decay rule sees is agreed over the ranks on the step's own collectives
+(``horovod_accordion.core.rates``): an adaptive step makes the collectives of a static one, and
+ranks whose rates differ all raise, naming each rate; on 2 real ranks, torch and TF."""
+import re
+
 import tensorflow as tf
 import torch
 
@@ -11,19 +14,17 @@ from tests.workers.usage_checks import setup, train_steps  # noqa: F401 - the ru
 
 
 RANK_DECAY_STEPS = (4, 8)
+DIFFER = r"learning rates differ \(rank: rate, None where none was observed\): \{0: 0.01, 1: 0.1\}"
 
 
 def rank_lr(step):
     return 0.01 if step >= RANK_DECAY_STEPS[hvd.rank()] else 0.1
 
 
-def assert_one_decay_at_the_last_ranks_step(checks):
-    decays = [(c["step"], c["lr"]) for c in checks if c["event"] == "lr_decay"]
-    assert decays == [(max(RANK_DECAY_STEPS), 0.01)], decays
-    return decays
-
-
-def check_ranks_whose_learning_rates_differ_switch_together_torch():
+def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate_torch():
+    """Rank 0's rate drops 10x at step 4, rank 1's at step 8 (a ReduceLROnPlateau stepped on each
+    rank's own loss): step 4 carries both rates, and the next step's first gradient hook raises on
+    both ranks, naming each rank's rate, before any level has switched."""
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(),
@@ -32,11 +33,16 @@ def check_ranks_whose_learning_rates_differ_switch_together_torch():
     for step in range(12):
         for group in optimizer.param_groups:
             group["lr"] = rank_lr(step)
-        train_steps(model, optimizer, 1, first=step)
-    return assert_one_decay_at_the_last_ranks_step(optimizer.accordion_stats()["checks"])
+        try:
+            train_steps(model, optimizer, 1, first=step)
+        except RuntimeError as error:
+            assert re.search(DIFFER, str(error)), error
+            assert step == 5 and not any(c["event"] == "lr_decay" for c in optimizer.accordion_stats()["checks"])
+            return step
+    raise AssertionError("the ranks' rates differed and nothing was raised")
 
 
-def check_ranks_whose_learning_rates_differ_switch_together_tensorflow():
+def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate_tensorflow():
     import numpy as np
     import horovod_accordion.tensorflow as hvd_tf
 
@@ -53,49 +59,114 @@ def check_ranks_whose_learning_rates_differ_switch_together_tensorflow():
         weights.assign_sub(0.01 * grad)
 
     for step in range(12):
-        state.observe_lr(rank_lr(step))
+        try:
+            state.observe_lr(rank_lr(step))
+        except RuntimeError as error:
+            assert re.search(DIFFER, str(error)), error
+            assert step == 5 and not any(c["event"] == "lr_decay" for c in state.accordion_stats()["checks"])
+            return step
         train_step(tf.constant(generator.standard_normal((4, 8)).astype(np.float32)))
         state.step_end()
-    return assert_one_decay_at_the_last_ranks_step(state.accordion_stats()["checks"])
+    raise AssertionError("the ranks' rates differed and nothing was raised")
 
 
-def check_the_rate_is_agreed_once_per_step_whatever_calls_observe_it():
-    """Each rank agrees once per step, whether its first observation comes from a gradient hook,
-    from ``synchronize()`` (a bucket that no hook started: a branch only rank 0 runs) or from
-    ``step()`` after an explicit ``synchronize()``: one more on one rank was a deadlock."""
-    from horovod_accordion.torch import ops
-    from tests.workers.torch_checks import Mixed
+def count_calls(module, names):
+    """Patch ``module``'s functions ``names`` to count their calls in the returned dict; ``restore()``."""
+    counts, originals = {}, {name: getattr(module, name) for name in names}
 
-    agree_max, agreements = ops.TorchCollectives.agree_max, []
+    def counting(name):
+        def wrapper(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return originals[name](*args, **kwargs)
+        return wrapper
 
-    def counted(collectives, value, name):
-        agreements.append(value)
-        return agree_max(collectives, value, name)
+    for name in names:
+        setattr(module, name, counting(name))
 
-    def run(model, width, explicit_synchronize):
+    def restore():
+        for name, original in originals.items():
+            setattr(module, name, original)
+    return counts, restore
+
+
+HOROVOD_TORCH_COLLECTIVES = ("allreduce_async_", "allgather_async", "alltoall_async", "allreduce", "allgather",
+                             "broadcast_object", "allgather_object", "grouped_allreduce_async_")
+
+
+def check_an_adaptive_step_makes_the_collectives_of_the_static_one_torch():
+    """Every Horovod collective of 6 steps, whose rate halves at step 3: the adaptive PowerSGD
+    and Quantized steps make exactly those of the static ones (no agreement of their own); with
+    a check every 2 steps, PowerSGD's make one more per check (its norms). (Quantized's then run
+    one exchange per level in force, which no static step has.)"""
+    import horovod.torch as horovod
+
+    def collectives(compression, window_steps):
+        model = make_model()
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                             named_parameters=model.named_parameters(),
-                                             compression=Compression.powersgd(2, 1, min_compression_rate=0),
-                                             window_steps=2, interval=1)
-        agreements.clear()
-        for step in range(3):
-            x, _ = rank_batch(step)
-            optimizer.zero_grad()
-            model(x[:, :width]).float().square().mean().backward()
-            if explicit_synchronize:
-                optimizer.synchronize()
-                with optimizer.skip_synchronize():
-                    optimizer.step()
-            else:
-                optimizer.step()
-        return len(agreements)
+                                             named_parameters=model.named_parameters(), compression=compression,
+                                             window_steps=window_steps, interval=1, verify_levels=False)
+        train_steps(model, optimizer, 1)  # the first step may set things up
+        counts, restore = count_calls(horovod, HOROVOD_TORCH_COLLECTIVES)
+        try:
+            for step in range(1, 7):
+                for group in optimizer.param_groups:
+                    group["lr"] = 0.1 if step < 3 else 0.05
+                train_steps(model, optimizer, 1, first=step)
+        finally:
+            restore()
+        checks = [c for c in optimizer.accordion_stats()["checks"] if c["event"] == "check"]
+        return counts, len(checks)
 
-    ops.TorchCollectives.agree_max = counted
-    try:
-        counts = {name: run(model, width, explicit) for name, model, width, explicit in (
-            ("hooks", make_model(), 20, False), ("explicit synchronize", make_model(), 20, True),
-            ("a branch rank 0 alone runs", Mixed(), 8, False))}
-    finally:
-        ops.TorchCollectives.agree_max = agree_max
-    assert counts == {"hooks": 3, "explicit synchronize": 3, "a branch rank 0 alone runs": 3}, counts
+    report = {}
+    for adaptive, static in ((Compression.powersgd(2, 1, min_compression_rate=0),
+                              Compression.powersgd(2, min_compression_rate=0)),
+                             (Compression.quantized(8, 4), Compression.quantized(8))):
+        static_counts, _ = collectives(static, 100)
+        counts = collectives(adaptive, 100)
+        assert counts == (static_counts, 0), (adaptive, counts, static_counts)
+        report[repr(adaptive)] = counts
+    counts, checks = collectives(Compression.powersgd(2, 1, min_compression_rate=0), 2)
+    static_counts = report[repr(Compression.powersgd(2, 1, min_compression_rate=0))][0]
+    assert checks == 3 and sum(counts.values()) == sum(static_counts.values()) + checks, (counts, static_counts)
+    return report
+
+
+def check_an_adaptive_step_makes_the_collectives_of_the_static_one_tensorflow():
+    """The same in a traced TF step: the graph's Horovod collectives, and the eager ones between
+    steps, adaptive against static."""
+    import numpy as np
+    import horovod.tensorflow as horovod_tf
+    import horovod_accordion.tensorflow as hvd_tf
+
+    def collectives(compression, window_steps):
+        generator = np.random.default_rng(hvd_tf.rank())
+        weights = tf.Variable(np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32))
+        state = hvd_tf.AccordionState([weights], compression=compression, window_steps=window_steps, interval=1,
+                                      verify_levels=False)
+        counts, restore = count_calls(horovod_tf, ("allreduce", "grouped_allreduce", "allgather", "alltoall",
+                                                   "broadcast", "broadcast_object", "allgather_object"))
+
+        @tf.function
+        def train_step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(tf.matmul(x, weights)))
+            [grad] = hvd_tf.DistributedGradientTape(tape, accordion=state).gradient(loss, [weights])
+            weights.assign_sub(0.01 * grad)
+
+        try:
+            for step in range(6):
+                state.observe_lr(0.1 if step < 3 else 0.05)
+                train_step(tf.constant(generator.standard_normal((4, 8)).astype(np.float32)))
+                state.step_end()
+        finally:
+            restore()
+        checks = [c for c in state.accordion_stats()["checks"] if c["event"] == "check"]
+        return counts, len(checks)
+
+    compression = hvd_tf.Compression
+    static_counts, _ = collectives(compression.powersgd(2, min_compression_rate=0), 100)
+    adaptive = compression.powersgd(2, 1, min_compression_rate=0)
+    assert collectives(adaptive, 100) == (static_counts, 0), static_counts
+    counts, checks = collectives(adaptive, 2)
+    assert checks == 3 and sum(counts.values()) == sum(static_counts.values()) + checks, (counts, static_counts)
     return counts

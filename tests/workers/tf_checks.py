@@ -230,9 +230,10 @@ def check_keras_fit_levels_agree_and_step_decay_switches_to_low():
     stats = optimizer.accordion_state.stats()
     decays = [c for c in stats["checks"] if c["event"] == "lr_decay"]
     assert len(decays) == 1, stats["checks"]
-    # the decay fired at the first batch of the decay epoch: every layer at ℓ_low from then
+    # the decay fired at the second batch of the decay epoch, once the first carried the rate:
+    # every layer at ℓ_low from then
     assert set(decays[0]["levels"].values()) == {2}, decays
-    assert decays[0]["step"] == decay_epoch * 8, decays
+    assert decays[0]["step"] == decay_epoch * 8 + 1, decays
     assert any(1 in levels for levels in recorder.levels[:decay_epoch]), recorder.levels  # ℓ_high before
     assert len(stats["bytes_per_step"]) == 9 * 8
     # the Keras optimizer checkpoint carries the Accordion state with it
@@ -379,8 +380,9 @@ def check_callback_reads_a_learning_rate_schedule():
     x, y = rank_dataset()
     model.fit(x, y, batch_size=32, epochs=4, callbacks=[hvd_keras.AccordionCallback()], verbose=0)
     decays = [c for c in optimizer.accordion_state.stats()["checks"] if c["event"] == "lr_decay"]
-    # the schedule drops after optimizer step 20: the decay is seen before the batch that uses it
-    assert [(d["step"], round(d["lr"], 6)) for d in decays] == [(21, 0.005)], decays
+    # the schedule drops after optimizer step 20: step 21 carries the new rate (``core.rates``), and
+    # the decay is decided before step 22
+    assert [(d["step"], round(d["lr"], 6)) for d in decays] == [(22, 0.005)], decays
     assert set(decays[0]["levels"].values()) == {0.5}
 
 
@@ -439,13 +441,14 @@ def check_keras_batch_switch_follows_the_controller():
     model.fit(x, y, batch_size=8, epochs=4, shuffle=False, callbacks=callbacks, verbose=0)
     stats = optimizer.accordion_state.stats()
     steps = stats["steps_extra"]
-    # epochs 0-1: small batch (the first checks), 2: large with LR warm-up, 3: small after the decay
-    assert [s["micro_batches"] for s in steps] == [1] * 32 + [4] * 4 + [1] * 16, steps
-    assert [s["lr_factor"] for s in steps] == [1.0] * 32 + [2.0, 3.0, 4.0, 4.0] + [1.0] * 16, steps
+    # epochs 0-1: small batch (the first checks), 2: large with LR warm-up, 3: the large batch that
+    # carries the decayed rate (``core.rates``), then small after the decay
+    assert [s["micro_batches"] for s in steps] == [1] * 32 + [4] * 5 + [1] * 12, steps
+    assert [s["lr_factor"] for s in steps] == [1.0] * 32 + [2.0, 3.0, 4.0, 4.0, 4.0] + [1.0] * 12, steps
     assert bytes_per_epoch[2] * 4 == bytes_per_epoch[1], bytes_per_epoch
     checks = [c for c in stats["checks"] if c["event"] == "check"]
     assert [c["global_batch"] for c in checks] == [16, 64, 64, 64], checks
-    assert int(optimizer.iterations.numpy()) == 52
+    assert int(optimizer.iterations.numpy()) == 49
     assert weights_identical_across_ranks(model)
     everyone = horovod_tf.allgather_object({"steps": steps, "checks": checks})
     assert everyone[0] == everyone[1], "ranks disagree on the batch size"

@@ -423,13 +423,14 @@ def check_batch_switch_traffic_lr_and_agreement_follow_the_controller():
         optimizer.end_epoch()
     stats = optimizer.accordion_stats()
     micro_batches = [extra["micro_batches"] for extra in stats["steps_extra"]]
-    # epochs 0-1: small batch (the first checks), 2: large with LR warm-up, 3: small after the decay
-    assert micro_batches == [1] * 32 + [4] * 4 + [1] * 16, micro_batches
-    assert lr_used == [0.01] * 32 + [0.02, 0.03, 0.04, 0.04] + [0.001] * 16, lr_used
+    # epochs 0-1: small batch (the first checks), 2: large with LR warm-up, 3: the large batch that
+    # carries the decayed rate (``core.rates``), then small after the decay
+    assert micro_batches == [1] * 32 + [4] * 5 + [1] * 12, micro_batches
+    assert lr_used == [0.01] * 32 + [0.02, 0.03, 0.04, 0.04, 0.004] + [0.001] * 12, lr_used
     small, large = bytes_per_epoch[1], bytes_per_epoch[2]
     assert large * 4 == small, bytes_per_epoch
     decays = [c for c in stats["checks"] if c["event"] == "lr_decay"]
-    assert len(decays) == 1 and decays[0]["step"] == 36, decays
+    assert len(decays) == 1 and decays[0]["step"] == 37, decays
     checks = [c for c in stats["checks"] if c["event"] == "check"]
     assert [c["micro_batches_per_step"] for c in checks] == [1, 4, 4, 4], checks
     assert [c["global_batch"] for c in checks] == [16, 64, 64, 64], checks

@@ -78,8 +78,10 @@ def check_a_bucket_is_on_the_wire_before_backward_reaches_the_first_layer():
 
 
 def check_a_learning_rate_drop_between_backward_and_step_counts_from_the_next_step():
-    """Buckets already on the wire keep the levels they started with; the decay switches every
-    layer to ℓ_low at the next step (before, the switch came mid-step, between P and Q)."""
+    """Buckets already on the wire keep the levels they started with (before, the switch came
+    mid-step, between P and Q): the drop set between backward and step is the next step's rate,
+    which that step carries (``core.rates``), and the step after it switches every layer to ℓ_low
+    at its first bucket."""
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters(),
@@ -99,8 +101,12 @@ def check_a_learning_rate_drop_between_backward_and_step_counts_from_the_next_st
     optimizer.step()
     assert decays(optimizer) == 0
     optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()  # carries the new rate
+    optimizer.step()
+    assert decays(optimizer) == 0
+    optimizer.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    assert decays(optimizer) == 1  # seen by the next step's first bucket
+    assert decays(optimizer) == 1  # decided at this step's first bucket
     assert set(optimizer.accordion_stats()["levels"].values()) == {2}
     optimizer.step()
     assert_same_on_all_ranks(model)

@@ -14,7 +14,7 @@ import horovod.torch as horovod
 
 import horovod_accordion.torch as hvd
 from horovod_accordion.core.reducers import initial_query
-from horovod_accordion.torch import BatchSwitch, Compression, ops
+from horovod_accordion.torch import BatchSwitch, Compression
 from tests.workers.policy_reference import set_regime
 from tests.workers.torch_checks import gathered, make_model, rank_batch, set_rank_gradients, train
 
@@ -409,27 +409,30 @@ def check_batch_switch_state_dict_carries_a_large_batch_in_progress():
 def check_a_step_makes_no_host_copy_outside_a_check():
     """The GPU path, proven on CPU: between checks, a step never moves a tensor to the host
     (no ``.cpu()``, ``.item()``, ``.numpy()``, ``.tolist()``), so on a GPU it never waits. The
-    one host read of an adaptive step is the learning rate's agreement (``agree_max``), on a
-    tensor that is made on the host: counted apart, once per step."""
+    one host read of an adaptive step is the learning rate its last step agreed on
+    (``read_host_state``, ``core.rates``), copied to the host without waiting when it arrived:
+    counted apart, once per step."""
+    from horovod_accordion.torch_common.tensors import TorchTensorOps
+
     counts = {}
     originals = {name: getattr(torch.Tensor, name) for name in ("cpu", "item", "numpy", "tolist")}
-    agree_max = ops.TorchCollectives.agree_max
-    agreeing = []
+    read_host_state = TorchTensorOps.read_host_state
+    reading = []
 
     def counting(name):
         def wrapper(self, *args, **kwargs):
-            if not agreeing:
+            if not reading:
                 counts[name] = counts.get(name, 0) + 1
             return originals[name](self, *args, **kwargs)
         return wrapper
 
-    def counted_agreement(collectives, value, name):
-        counts["agree_max"] = counts.get("agree_max", 0) + 1
-        agreeing.append(True)
+    def counted_read(tensors, holder):
+        counts["read_host_state"] = counts.get("read_host_state", 0) + 1
+        reading.append(True)
         try:
-            return agree_max(collectives, value, name)
+            return read_host_state(tensors, holder)
         finally:
-            agreeing.pop()
+            reading.pop()
 
     def host_copies(compression, window_steps):
         model = make_model()
@@ -437,22 +440,23 @@ def check_a_step_makes_no_host_copy_outside_a_check():
         train(model, optimizer, 1)  # the first step may set things up
         for name in originals:
             setattr(torch.Tensor, name, counting(name))
-        ops.TorchCollectives.agree_max = counted_agreement
+        TorchTensorOps.read_host_state = counted_read
         try:
             train(model, optimizer, 3)
         finally:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
-            ops.TorchCollectives.agree_max = agree_max
+            TorchTensorOps.read_host_state = read_host_state
         copies = dict(counts)
         counts.clear()
         return copies
 
     per_compression = {repr(c): host_copies(c, window_steps=100) for c in (
         Compression.none, Compression.fp16, Compression.powersgd(2, 1, min_compression_rate=0),
-        Compression.topk(0.5, 0.1))}
-    adaptive = {repr(c) for c in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1))}
-    assert all(c == ({"agree_max": 3} if name in adaptive else {}) for name, c in per_compression.items()), \
+        Compression.topk(0.5, 0.1), Compression.quantized(8, 4))}
+    adaptive = {repr(c) for c in (Compression.powersgd(2, 1, min_compression_rate=0), Compression.topk(0.5, 0.1),
+                                  Compression.quantized(8, 4))}
+    assert all(c == ({"read_host_state": 3} if name in adaptive else {}) for name, c in per_compression.items()), \
         per_compression
     # The guard sees copies where there are some: a check reads the norms, once.
     at_checks = host_copies(Compression.powersgd(2, 1, min_compression_rate=0), window_steps=1)
@@ -493,7 +497,7 @@ def check_topk_sends_each_layer_the_cheaper_way_with_the_same_result():
     for wire in ("auto", "sparse", "dense"):
         params = [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
-                                             compression=Compression.topk(1.0, 0.01, wire=wire))
+                                             compression=Compression.topk(1.0, 0.01, wire=wire), lr_decay_factor=None)
         outputs = []
         for step, fraction in enumerate(fractions):
             optimizer._reducer.set_levels([fraction] * len(shapes))

@@ -1,0 +1,121 @@
+"""The learning rate the decay rule reads, agreed over the ranks without a collective of its own.
+
+Ranks whose rates differ (a ``ReduceLROnPlateau`` stepped on each rank's own loss) would switch
+levels apart, and their collectives would no longer match: a Horovod error, a hang under NCCL.
+So each rank's rate rides on a collective that the step makes anyway (``Collectives.carry``),
+as its 64 IEEE bits, one 0/1 value each, after a marker that is 1 once the rank has observed a
+rate:
+
+- an all-gather or an all-to-all (TopK's values, the quantized shots) hands every rank every
+  rank's values unchanged, in any dtype;
+- an allreduce averages them, in fp32 or fp64 only: the sum of 0/1 values over W ranks is an
+  integer, each bit's count c = round(mean × W) is exact while the rounding of the mean stays
+  under 1/(2W) (``exact_average``), and c is 0 or W on every bit exactly when every rank sent
+  the same rate. fp16 and bf16 wires carry nothing.
+
+The step's averages are not held back for it: the mean arrives with the carrier, and the
+schedule reads it before the next step's first bucket, so a decay switches levels one step
+after the rate dropped. Every rank reads the same means, so every rank decides alike, and where
+the rates differ every rank raises, with each rank's rate, gathered for the message. A step
+with no collective that can carry the rate (a bf16 wire, every layer dense) averages it on its
+own, once, at its end. Imports no framework.
+"""
+
+import struct
+
+import numpy as np
+
+__all__ = ["RATE_VALUES", "RateAgreement", "exact_average", "rate_values", "rates_of"]
+
+RATE_VALUES = 65  # the marker, then the rate's 64 bits
+
+
+def rate_values(rate):
+    """The values a rank sends for ``rate``: 1 (a rate was observed), then its 64 bits, low first."""
+    word = struct.unpack("<Q", struct.pack("<d", float(rate)))[0]
+    return [1.0] + [float((word >> k) & 1) for k in range(64)]
+
+
+def _rate_of(bits):
+    word = sum(1 << k for k, bit in enumerate(bits) if bit)
+    return struct.unpack("<d", struct.pack("<Q", word))[0]
+
+
+def rates_of(rows):
+    """Each rank's rate (``None`` where it observed none) from the values each rank sent."""
+    return [_rate_of([round(v) for v in row[1:]]) if round(row[0]) else None for row in rows]
+
+
+def exact_average(wire_dtype, size):
+    """Whether an allreduce of ``wire_dtype`` over ``size`` ranks averages 0/1 values into means
+    whose counts round(mean × W) are exact. The sum of the W values (each pre-scaled at most once,
+    Horovod's ``gradient_predivide_factor``) and its scaling round at most W + 2 times, each by
+    at most u (2⁻²⁴ in fp32, 2⁻⁵³ in fp64) relative, so |mean × W − c| ≤ (W + 2)·u·W: under 1/2
+    when W·(W + 2) < 1/(2u), up to W = 2895 in fp32."""
+    unit = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}.get(wire_dtype)
+    return unit is not None and size * (size + 2) < 1 / (2 * unit)
+
+
+class RateAgreement:
+    """Args:
+        tensors: the backend's tensor maths.
+        collectives: the collectives whose first carrier of each step carries this rank's rate,
+            and that gather the rates for the message where they differ.
+
+    ``observe(lr)`` before each step's first bucket; ``start_step()`` as its first bucket
+    starts; ``collectives_done()`` once its collectives are done; ``agreed()``: the rate carried
+    by the last step, the same on every rank, or ``None``. FSDP finishes each unit apart: each
+    unit's collectives carry the rate, the same values, as a step of their own. A traced step
+    (TF) arms the rider at each tracing, so no state may carry over from one tracing to the next.
+    """
+
+    def __init__(self, tensors, collectives):
+        self.tensors, self.collectives = tensors, collectives
+        self.sent = tensors.host_state(np.zeros(RATE_VALUES), "accordion_rate_sent")
+        self.means = tensors.host_state(np.zeros(RATE_VALUES), "accordion_rate_means")
+
+    def observe(self, lr):
+        """This rank's rate, which the next steps carry until another is observed."""
+        self.tensors.set_host_state(self.sent, rate_values(lr))
+
+    def start_step(self):
+        """The step's first bucket starts: its first collective that can carry the rate does."""
+        self.collectives.carry(self.sent, self.means)
+
+    def collectives_done(self):
+        """After the step's collectives: where none could carry the rate, average it now."""
+        if self.collectives.riding():
+            self.collectives.drop_rider()
+            tensors = self.tensors
+            mean = self.collectives.allreduce_means([tensors.values_like(self.sent)], "lr")[0]
+            tensors.hold_for_host(self.means, mean)
+
+    def abandon_step(self):
+        """A step failed or state was restored: whatever its collectives carried is dropped, on
+        every rank alike (a worker that joins has carried nothing)."""
+        self.collectives.drop_rider()
+        self.tensors.set_host_state(self.means, [0.0] * RATE_VALUES)
+
+    def agreed(self):
+        """The rate the last carried step agreed on, once (then ``None`` until a step carries
+        another); ``None`` where no rank observed one. Raises on every rank where they differ."""
+        means = self.tensors.read_host_state(self.means)
+        if not means[0]:
+            return None
+        self.tensors.set_host_state(self.means, [0.0] * RATE_VALUES)
+        size = int(self.collectives.size())
+        counts = [round(mean * size) for mean in means]
+        if all(count in (0, size) for count in counts):
+            return _rate_of(counts[1:])
+        self._raise_rates_differ()
+
+    def _raise_rates_differ(self):
+        tensors, collectives = self.tensors, self.collectives
+        rows = tensors.to_floats(collectives.start_allgather(tensors.values_like(self.sent), "lr_differ").wait())
+        collectives.take_traffic()  # the message's, not the algorithm's traffic
+        rates = {rank: rate for rank, rate in enumerate(rates_of(rows))}
+        raise RuntimeError(
+            f"the ranks' learning rates differ (rank: rate, None where none was observed): {rates}. The decay rule "
+            f"would switch their levels apart, and their collectives would no longer match. Give every rank the same "
+            f"rate: average the metric a scheduler reads over ranks (hvd.allreduce, Keras' MetricAverageCallback), as "
+            f"Horovod advises, or pass lr_decay_factor=None to turn the rule off")
