@@ -88,8 +88,10 @@ class Collectives:
         instead of one call per layer. Returns the pending result: its ``wait()`` gives the
         averages, in order. Carries the rider where one of ``tensors`` is averaged exactly enough
         (``rates.exact_average``) and nothing compresses it: as one more member of its allreduce."""
+        size = self.size()  # a traced TF step's under hvd.elastic: then only fp64 is exact for sure
+        size = size if isinstance(size, int) else None
         carrier = next((t for t in tensors if compression is None and exact_average(
-            self.tensors.wire_dtype(t), int(self.size()))), None) if self._rider is not None else None
+            self.tensors.wire_dtype(t), size)), None) if self._rider is not None else None
         if carrier is None:
             return self._start_allreduce_means(tensors, name, compression)
         values, means = self._take_rider()

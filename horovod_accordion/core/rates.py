@@ -51,8 +51,11 @@ def exact_average(wire_dtype, size):
     whose counts round(mean × W) are exact. The sum of the W values (each pre-scaled at most once,
     Horovod's ``gradient_predivide_factor``) and its scaling round at most W + 2 times, each by
     at most u (2⁻²⁴ in fp32, 2⁻⁵³ in fp64) relative, so |mean × W − c| ≤ (W + 2)·u·W: under 1/2
-    when W·(W + 2) < 1/(2u), up to W = 2895 in fp32."""
+    when W·(W + 2) < 1/(2u), up to W = 2895 in fp32. ``size=None`` (not known when the step is
+    traced): fp64 only, exact up to 2²⁶ ranks."""
     unit = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}.get(wire_dtype)
+    if size is None:
+        return wire_dtype == "float64"
     return unit is not None and size * (size + 2) < 1 / (2 * unit)
 
 
