@@ -2,7 +2,8 @@
 step (a sleep in its forward): what agreeing the learning rate costs where ranks are skewed,
 which a one-process run (``overhead.py``) cannot see. Accordion PowerSGD 2/1, held at rank 1
 between checks, against static PowerSGD rank 1, on the Horovod torch optimizer and on the DDP
-hook; both decide the rate's decay rule every step (``core.rates``).
+hook, with the decay rule (the rate agreed every step, ``core.rates``) and without it (what is
+left is the detector's own work: Δ and the finite counts).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 horovodrun -np 2 --gloo python benchmarks/skewed_ranks.py \\
         --out benchmarks/results/skewed_ranks.json
@@ -24,7 +25,8 @@ import torch.distributed as dist
 import horovod_accordion.torch as hvd
 from horovod_accordion.ddp import AccordionState, PowerSGD, accordion_hook
 
-VARIANTS = ["horovod static r1", "horovod accordion 2/1", "ddp static r1", "ddp accordion 2/1"]
+VARIANTS = ["horovod static r1", "horovod accordion 2/1", "horovod accordion 2/1 without the decay rule",
+            "ddp static r1", "ddp accordion 2/1", "ddp accordion 2/1 without the decay rule"]
 
 
 def make_model():
@@ -42,19 +44,22 @@ def held_at_rank_one(exchange):
 def build(variant):
     model = make_model()
     adaptive = "accordion" in variant
+    # Without the rule, nothing is agreed: what is left is the detector's own work (Δ, finite counts).
+    decay_factor = None if variant.endswith("without the decay rule") else 2.0
     if variant.startswith("horovod"):
         compression = hvd.Compression.powersgd(2, 1, min_compression_rate=0) if adaptive else \
             hvd.Compression.powersgd(1, min_compression_rate=0)
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                              named_parameters=model.named_parameters(), compression=compression,
-                                             window_steps=100_000)
+                                             window_steps=100_000, lr_decay_factor=decay_factor)
         if adaptive:
             held_at_rank_one(optimizer._exchange)
         return model, optimizer
     model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     compression = PowerSGD(2, 1, min_compression_rate=0) if adaptive else PowerSGD(1, min_compression_rate=0)
-    state = AccordionState(compression=compression, model=model, optimizer=optimizer, window_steps=100_000)
+    state = AccordionState(compression=compression, model=model, optimizer=optimizer, window_steps=100_000,
+                           lr_decay_factor=decay_factor)
     model.register_comm_hook(state, accordion_hook)
     if adaptive:
         held_at_rank_one(state._exchange)
@@ -96,8 +101,9 @@ def main():
         for variant, (model, optimizer) in built.items():
             samples[variant] += step_times(model, optimizer, args.steps, args.slow_ms / 1e3, x, y)
     medians = {variant: statistics.median(times) for variant, times in samples.items()}
-    ratios = {"horovod: accordion 2/1 / static r1": medians["horovod accordion 2/1"] / medians["horovod static r1"],
-              "ddp: accordion 2/1 / static r1": medians["ddp accordion 2/1"] / medians["ddp static r1"]}
+    ratios = {f"{backend}: accordion 2/1{rule} / static r1":
+              medians[f"{backend} accordion 2/1{rule}"] / medians[f"{backend} static r1"]
+              for backend in ("horovod", "ddp") for rule in ("", " without the decay rule")}
     if hvd.rank() == 0:
         results = {"median_step_ms": {v: round(m * 1e3, 3) for v, m in medians.items()},
                    "ratios": {k: round(v, 4) for k, v in ratios.items()}, "target": 1.02}

@@ -21,8 +21,6 @@ with no collective that can carry the rate (a bf16 wire, every layer dense) aver
 own, once, at its end. Imports no framework.
 """
 
-import struct
-
 import numpy as np
 
 __all__ = ["RATE_VALUES", "RateAgreement", "exact_average", "rate_values", "rates_of"]
@@ -32,18 +30,18 @@ RATE_VALUES = 65  # the marker, then the rate's 64 bits
 
 def rate_values(rate):
     """The values a rank sends for ``rate``: 1 (a rate was observed), then its 64 bits, low first."""
-    word = struct.unpack("<Q", struct.pack("<d", float(rate)))[0]
-    return [1.0] + [float((word >> k) & 1) for k in range(64)]
+    bits = np.unpackbits(np.array([rate], dtype="<f8").view(np.uint8), bitorder="little")
+    return [1.0] + bits.astype(float).tolist()
 
 
 def _rate_of(bits):
-    word = sum(1 << k for k, bit in enumerate(bits) if bit)
-    return struct.unpack("<d", struct.pack("<Q", word))[0]
+    """The rate whose 64 bits, low first, are ``bits`` (truthy or not)."""
+    return float(np.packbits(np.asarray(bits, dtype=bool), bitorder="little").view("<f8")[0])
 
 
 def rates_of(rows):
     """Each rank's rate (``None`` where it observed none) from the values each rank sent."""
-    return [_rate_of([round(v) for v in row[1:]]) if round(row[0]) else None for row in rows]
+    return [_rate_of(np.rint(row[1:])) if round(row[0]) else None for row in rows]
 
 
 def exact_average(wire_dtype, size):
@@ -76,10 +74,14 @@ class RateAgreement:
         self.tensors, self.collectives = tensors, collectives
         self.sent = tensors.host_state(np.zeros(RATE_VALUES), "accordion_rate_sent")
         self.means = tensors.host_state(np.zeros(RATE_VALUES), "accordion_rate_means")
+        self.observed = None  # the rate ``sent`` holds
 
     def observe(self, lr):
         """This rank's rate, which the next steps carry until another is observed."""
-        self.tensors.set_host_state(self.sent, rate_values(lr))
+        lr = float(lr)  # a tensor rate (a capturable optimizer's) is read here
+        if lr != self.observed:
+            self.tensors.set_host_state(self.sent, rate_values(lr))
+            self.observed = lr
 
     def start_step(self):
         """The step's first bucket starts: its first collective that can carry the rate does."""
@@ -102,13 +104,13 @@ class RateAgreement:
     def agreed(self):
         """The rate the last carried step agreed on, once (then ``None`` until a step carries
         another); ``None`` where no rank observed one. Raises on every rank where they differ."""
-        means = self.tensors.read_host_state(self.means)
+        means = np.asarray(self.tensors.read_host_state(self.means))
         if not means[0]:
             return None
         self.tensors.set_host_state(self.means, [0.0] * RATE_VALUES)
         size = int(self.collectives.size())
-        counts = [round(mean * size) for mean in means]
-        if all(count in (0, size) for count in counts):
+        counts = np.rint(means * size)
+        if np.all((counts == 0) | (counts == size)):
             return _rate_of(counts[1:])
         self._raise_rates_differ()
 
