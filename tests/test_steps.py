@@ -3,6 +3,7 @@ micro-batch, the divisor and LR factor of the step it completes, and what the lo
 workers' checks run it on real ranks (``check_batch_switch_*``, ``usage_checks``)."""
 
 import pytest
+import torch
 
 from horovod_accordion.core.compression import PowerSGD
 from horovod_accordion.core.schedule import Accordion
@@ -11,8 +12,6 @@ from horovod_accordion.core.reducers import make_reducer
 from horovod_accordion.core.steps import StepDriver
 
 from horovod_accordion.torch_common.tensors import TorchTensorOps
-import torch
-
 from tests.test_policies import LONE_SHAPES, LoneRank, lone_backends, lone_exchange
 
 

@@ -199,7 +199,8 @@ class TensorOps(Protocol):
         """Copy the 1-D ``value`` into ``holder`` (in a traced step, when the step runs)."""
 
     def values_like(self, holder: Any, like: Tensor = None) -> Tensor:
-        """The host state's values as a 1-D tensor of ``like``'s dtype and device (fp64 without)."""
+        """A copy of the host state's values as a 1-D tensor in ``like``'s wire dtype
+        (``wire_dtype``), on its device (fp64 without ``like``)."""
 
     def with_leading_columns(self, rows: Tensor, holder: Any) -> Tensor:
         """The 2-D ``rows`` with the host state's values in front of every row, in their dtype."""

@@ -72,6 +72,7 @@ class Collectives:
         return self._rider is not None
 
     def drop_rider(self):
+        """Carry nothing more: the rider is for the collectives started since ``carry``."""
         self._rider = None
 
     def _take_rider(self):
@@ -88,15 +89,21 @@ class Collectives:
         instead of one call per layer. Returns the pending result: its ``wait()`` gives the
         averages, in order. Carries the rider where one of ``tensors`` is averaged exactly enough
         (``rates.exact_average``) and nothing compresses it: as one more member of its allreduce."""
-        size = self.size()  # a traced TF step's under hvd.elastic: then only fp64 is exact for sure
-        size = size if isinstance(size, int) else None
-        carrier = next((t for t in tensors if compression is None and exact_average(
-            self.tensors.wire_dtype(t), size)), None) if self._rider is not None else None
+        carrier = self._carrier(tensors, compression) if self._rider is not None else None
         if carrier is None:
             return self._start_allreduce_means(tensors, name, compression)
         values, means = self._take_rider()
         pending = self._start_allreduce_means([*tensors, self.tensors.values_like(values, carrier)], name)
         return _Carrying(pending, lambda averages: self._arrived(means, averages[-1], averages[:-1]))
+
+    def _carrier(self, tensors, compression):
+        """The first of ``tensors`` whose wire averages the rider exactly, or ``None``. A
+        compression (``Compression.fp16``, a cast) changes the wire: then none."""
+        if compression is not None:
+            return None
+        size = self.size()  # a traced TF step's under hvd.elastic: then only fp64 is exact for sure
+        size = size if isinstance(size, int) else None
+        return next((t for t in tensors if exact_average(self.tensors.wire_dtype(t), size)), None)
 
     def start_allgather(self, flat, name):
         """Start gathering every rank's 1-D ``flat``: ``wait()`` gives them as shape (size, len).

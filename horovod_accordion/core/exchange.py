@@ -26,7 +26,7 @@ import warnings
 from typing import Optional
 
 from horovod_accordion.core.backends import CollectiveOps, EagerTensorOps, Sharding
-from horovod_accordion.core.rates import RateAgreement
+from horovod_accordion.core.rates import CARRYING_BUCKET, RateAgreement
 from horovod_accordion.core.reducers import BucketReduction, split_state
 
 __all__ = ["END_EPOCH_BEFORE_ANY_STEP", "BucketedExchange", "check_epoch_windows", "warn_end_epoch_before_any_step"]
@@ -115,15 +115,16 @@ class BucketedExchange:
         replaces the compressing one for this bucket (DDP's plain allreduce before ``start_iter``)."""
         if not self.started:
             self.scale = self.loss_scale() if self.loss_scale is not None else None
-            if self.rates is not None:
-                self.rates.start_step()
         if self.scale is not None:
             grads = self.tensors.unscaled(grads, self.scale)
         if self.accordion.adaptive:
             self._observe(layers, grads)
         if divisor is not None:
             grads = [grad / divisor for grad in grads]
-        self.started[bucket] = (reducer or self.reducer).start(layers, grads, name=f".b{bucket}")
+        def start():
+            return (reducer or self.reducer).start(layers, grads, name=f".b{bucket}")
+        carries = self.rates is not None and bucket == CARRYING_BUCKET
+        self.started[bucket] = self.rates.carry(start) if carries else start()
 
     def _observe(self, layers, grads):
         """Read each gradient once for the detector: count each layer whose gradient is not
@@ -154,7 +155,7 @@ class BucketedExchange:
         collective fails, so a retried step (elastic) starts clean."""
         try:
             outputs = BucketReduction.finish(list(self.started.values()))
-            if self.rates is not None and self.started:
+            if self.rates is not None and CARRYING_BUCKET in self.started:
                 self.rates.collectives_done()
         except BaseException:
             self.abandon_step()
@@ -214,6 +215,8 @@ class BucketedExchange:
             if self.non_finite_counts is not None and self.world is not collectives \
             and (accordion.window_is_check or not accordion.policy.reads_norms) else None
         if accordion.window_is_check:
+            if self.rates is not None and self.world is not collectives:
+                self.rates.check_over(self.world)
             accumulated = self.accumulated
             # Each rank's own errors, before anything averages Δ: the table is averaged instead.
             errors = reducer.approximation_errors(accumulated, accordion.ladder) \

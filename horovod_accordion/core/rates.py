@@ -3,29 +3,30 @@
 Ranks whose rates differ (a ``ReduceLROnPlateau`` stepped on each rank's own loss) would switch
 levels apart, and their collectives would no longer match: a Horovod error, a hang under NCCL.
 So each rank's rate rides on a collective that the step makes anyway (``Collectives.carry``),
-as its 64 IEEE bits, one 0/1 value each, after a marker that is 1 once the rank has observed a
-rate:
+the first of bucket 0's first phase that can carry it, as its 64 IEEE bits, one 0/1 value each,
+after a marker that is 1 once the rank has observed a rate:
 
-- an all-gather or an all-to-all (TopK's values, the quantized shots) hands every rank every
-  rank's values unchanged, in any dtype;
-- an allreduce averages them, in fp32 or fp64 only: the sum of 0/1 values over W ranks is an
-  integer, each bit's count c = round(mean × W) is exact while the rounding of the mean stays
-  under 1/(2W) (``exact_average``), and c is 0 or W on every bit exactly when every rank sent
-  the same rate. fp16 and bf16 wires carry nothing.
+- an all-gather or an all-to-all (the quantized shots) hands every rank every rank's values
+  unchanged, in any dtype;
+- an allreduce (PowerSGD's P, TopK's dense part, a dense bucket) averages them, in fp32 or fp64
+  only: the sum of 0/1 values over W ranks is an integer, each bit's count c = round(mean × W)
+  is exact while the rounding of the mean stays under 1/(2W) (``exact_average``), and c is 0 or
+  W on every bit exactly when every rank sent the same rate. fp16 and bf16 wires carry nothing.
 
 The step's averages are not held back for it: the mean arrives with the carrier, and the
 schedule reads it before the next step's first bucket, so a decay switches levels one step
 after the rate dropped. Every rank reads the same means, so every rank decides alike, and where
-the rates differ every rank raises, with each rank's rate, gathered for the message. A step
-with no collective that can carry the rate (a bf16 wire, every layer dense) averages it on its
-own, once, at its end. Imports no framework.
+the rates differ every rank raises, with each rank's rate, gathered for the message. Where
+bucket 0 has no collective that can carry the rate (a bf16 wire, every layer dense in bf16),
+it is averaged on its own after that bucket. Imports no framework.
 """
 
 import numpy as np
 
-__all__ = ["RATE_VALUES", "RateAgreement", "exact_average", "rate_values", "rates_of"]
+__all__ = ["CARRYING_BUCKET", "RATE_VALUES", "RateAgreement", "exact_average", "rate_values", "rates_of"]
 
 RATE_VALUES = 65  # the marker, then the rate's 64 bits
+CARRYING_BUCKET = 0  # the bucket whose collectives carry the rate: every adapter has a bucket 0
 
 
 def rate_values(rate):
@@ -44,6 +45,15 @@ def rates_of(rows):
     return [_rate_of(np.rint(row[1:])) if round(row[0]) else None for row in rows]
 
 
+def _agreed(means, size):
+    """From the means over ``size`` ranks of the values they sent: the rate they all sent,
+    ``None`` where none observed one, ``False`` where they differ."""
+    counts = np.rint(np.asarray(means) * size)
+    if not np.all((counts == 0) | (counts == size)):
+        return False
+    return _rate_of(counts[1:]) if counts[0] else None
+
+
 def exact_average(wire_dtype, size):
     """Whether an allreduce of ``wire_dtype`` over ``size`` ranks averages 0/1 values into means
     whose counts round(mean × W) are exact. The sum of the W values (each pre-scaled at most once,
@@ -60,14 +70,15 @@ def exact_average(wire_dtype, size):
 class RateAgreement:
     """Args:
         tensors: the backend's tensor maths.
-        collectives: the collectives whose first carrier of each step carries this rank's rate,
-            and that gather the rates for the message where they differ.
+        collectives: the collectives that carry this rank's rate, and that gather the rates for
+            the message where they differ.
 
-    ``observe(lr)`` before each step's first bucket; ``start_step()`` as its first bucket
-    starts; ``collectives_done()`` once its collectives are done; ``agreed()``: the rate carried
-    by the last step, the same on every rank, or ``None``. FSDP finishes each unit apart: each
-    unit's collectives carry the rate, the same values, as a step of their own. A traced step
-    (TF) arms the rider at each tracing, so no state may carry over from one tracing to the next.
+    ``observe(lr)`` before each step's first bucket; ``carry(start)`` around the start of the
+    step's bucket 0 (``CARRYING_BUCKET``): a bucket every rank starts in every step, whatever
+    order the gradients come in, so every rank carries the rate on the same collective (Horovod
+    matches them by name); ``collectives_done()`` after that bucket's collectives; ``agreed()``:
+    the rate the last step carried, the same on every rank, or ``None``. A traced step (TF)
+    carries at each tracing: no state carries over from one tracing to the next.
     """
 
     def __init__(self, tensors, collectives):
@@ -75,6 +86,7 @@ class RateAgreement:
         self.sent = tensors.host_state(np.zeros(RATE_VALUES), "accordion_rate_sent")
         self.means = tensors.host_state(np.zeros(RATE_VALUES), "accordion_rate_means")
         self.observed = None  # the rate ``sent`` holds
+        self.unsent = False  # the carrying bucket had no collective that could carry the rate
 
     def observe(self, lr):
         """This rank's rate, which the next steps carry until another is observed."""
@@ -83,41 +95,54 @@ class RateAgreement:
             self.tensors.set_host_state(self.sent, rate_values(lr))
             self.observed = lr
 
-    def start_step(self):
-        """The step's first bucket starts: its first collective that can carry the rate does."""
+    def carry(self, start):
+        """Run ``start()``, the start of the carrying bucket: the first collective of its first
+        phase that can carry the rate does; where none can, ``collectives_done`` averages it."""
         self.collectives.carry(self.sent, self.means)
+        try:
+            return start()
+        finally:
+            self.unsent = self.collectives.riding()
+            self.collectives.drop_rider()
 
     def collectives_done(self):
-        """After the step's collectives: where none could carry the rate, average it now."""
-        if self.collectives.riding():
-            self.collectives.drop_rider()
-            tensors = self.tensors
-            mean = self.collectives.allreduce_means([tensors.values_like(self.sent)], "lr")[0]
-            tensors.hold_for_host(self.means, mean)
+        """After the carrying bucket's collectives: where none could carry the rate, average it now."""
+        if self.unsent:
+            self.unsent = False
+            mean = self.collectives.allreduce_means([self.tensors.values_like(self.sent)], "lr")[0]
+            self.tensors.hold_for_host(self.means, mean)
+
+    def check_over(self, world):
+        """At a check under hybrid sharding: the rate was agreed among each shard's replicas; the
+        ranks of one replica, which exchange nothing of ours between checks, are compared here,
+        over the ``world``, and all raise where they differ."""
+        means = self.tensors.to_floats(world.allreduce_means([self.tensors.values_like(self.sent)], "lr_world")[0])
+        if _agreed(means, int(world.size())) is False:
+            self._raise_rates_differ(world)
 
     def abandon_step(self):
         """A step failed or state was restored: whatever its collectives carried is dropped, on
         every rank alike (a worker that joins has carried nothing)."""
         self.collectives.drop_rider()
+        self.unsent = False
         self.tensors.set_host_state(self.means, [0.0] * RATE_VALUES)
 
     def agreed(self):
         """The rate the last carried step agreed on, once (then ``None`` until a step carries
         another); ``None`` where no rank observed one. Raises on every rank where they differ."""
-        means = np.asarray(self.tensors.read_host_state(self.means))
+        means = self.tensors.read_host_state(self.means)
         if not means[0]:
             return None
         self.tensors.set_host_state(self.means, [0.0] * RATE_VALUES)
-        size = int(self.collectives.size())
-        counts = np.rint(means * size)
-        if np.all((counts == 0) | (counts == size)):
-            return _rate_of(counts[1:])
-        self._raise_rates_differ()
+        agreed = _agreed(means, int(self.collectives.size()))
+        if agreed is False:
+            self._raise_rates_differ(self.collectives)
+        return agreed
 
-    def _raise_rates_differ(self):
-        tensors, collectives = self.tensors, self.collectives
+    def _raise_rates_differ(self, collectives):
+        tensors = self.tensors
         rows = tensors.to_floats(collectives.start_allgather(tensors.values_like(self.sent), "lr_differ").wait())
-        collectives.take_traffic()  # the message's, not the algorithm's traffic
+        collectives.take_traffic()  # the message's, not a step's traffic
         rates = {rank: rate for rank, rate in enumerate(rates_of(rows))}
         raise RuntimeError(
             f"the ranks' learning rates differ (rank: rate, None where none was observed): {rates}. The decay rule "

@@ -165,6 +165,10 @@ class DenseReducer(_Reducer):
         # As Horovod's optimizer and tape: one process has nothing to average with (unless
         # elastic, where the world may grow).
         self.may_skip_alone = not under_elastic()
+        # Compression.none hands over the gradient itself: its allreduce may carry a rider.
+        probe = tensors.from_floats([0.0])
+        self.wire_compression = None if compression is None or compression.compress(probe)[0] is probe \
+            else compression
 
     def set_levels(self, levels):
         pass
@@ -179,7 +183,7 @@ class DenseReducer(_Reducer):
         if self.may_skip_alone and self.collectives.size() == 1:
             yield
             return dict(zip(layers, grads))
-        pending = self.collectives.start_allreduce_means(grads, f"dense{name}", self.config)  # the compressor
+        pending = self.collectives.start_allreduce_means(grads, f"dense{name}", self.wire_compression)
         yield
         return dict(zip(layers, pending.wait()))
 

@@ -178,6 +178,7 @@ class AccordionState(tf.Module):
         for variable, value in zip(variables, values):
             variable.assign(value)
         self._reducer.restored()
+        self._exchange.abandon_step()  # on every rank, whether its schedule changed or not
         self._collectives.take_traffic()  # an elastic restore: the failed step's traffic is no step's
 
     def broadcast_shared_state(self, root_rank):
@@ -194,6 +195,7 @@ class AccordionState(tf.Module):
                                       name="accordion.shared_state")
         for key, variable in shared.items():
             variable.assign(values[key])
+        self._exchange.abandon_step()  # what the root carried, a joining rank did not
         if self.batch_switch is not None:
             with self._python_state():  # the root's count: this rank divides by what it holds of it
                 self._steps.micro_batches.hold(held)

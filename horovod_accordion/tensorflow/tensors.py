@@ -292,7 +292,7 @@ class TensorFlowTensorOps:
         holder.assign(tf.cast(tf.reshape(value, [-1]), tf.float64))
 
     def values_like(self, holder, like=None):
-        return tf.cast(tf.convert_to_tensor(holder), tf.float64 if like is None else like.dtype)
+        return tf.cast(tf.convert_to_tensor(holder), tf.float64 if like is None else tf.as_dtype(self.wire_dtype(like)))
 
     def with_leading_columns(self, rows, holder):
         count = rows.shape[0] if rows.shape[0] is not None else tf.shape(rows)[0]

@@ -94,13 +94,23 @@ class Level:
 
 
 class _HostState:
-    """A host state (``TorchTensorOps.host_state``) and the event after the last asynchronous
-    copy into it."""
+    """A host state (``TorchTensorOps.host_state``): pinned where the backend's device is a GPU,
+    with the event after the last asynchronous copy from or into it, which the host waits for
+    before it reads or writes it."""
 
     def __init__(self, values, device):
-        pinned = torch.device(device).type == "cuda"
-        self.values = values.pin_memory() if pinned else values
-        self.written = None
+        self.values = values.pin_memory() if torch.device(device).type == "cuda" else values
+        self.last_copy = None
+
+    def copied(self):
+        if self.values.is_pinned():
+            self.last_copy = torch.cuda.Event()
+            self.last_copy.record()
+
+    def wait(self):
+        if self.last_copy is not None:
+            self.last_copy.synchronize()
+            self.last_copy = None
 
 
 class TorchTensorOps:
@@ -406,27 +416,26 @@ class TorchTensorOps:
         return _HostState(torch.from_numpy(array).to(torch.float64), self.device)
 
     def set_host_state(self, holder, values):
-        # The step that last read it has been waited for (``read_host_state`` of the means it
-        # carried came first), so no copy from it is still in flight.
+        holder.wait()  # no copy from or into it may still be in flight
         holder.values.copy_(torch.tensor(values, dtype=torch.float64))
 
     def read_host_state(self, holder):
-        if holder.written is not None:
-            holder.written.synchronize()
+        holder.wait()
         return holder.values.tolist()
 
     def hold_for_host(self, holder, value):
         """Copy the device's ``value`` into ``holder`` without waiting: ``read_host_state`` waits."""
         holder.values.copy_(value.reshape(-1), non_blocking=True)
-        if holder.values.is_pinned():
-            holder.written = torch.cuda.Event()
-            holder.written.record()
+        holder.copied()
 
     def values_like(self, holder, like=None):
-        """The host state's values as a 1-D tensor of ``like``'s dtype and device (fp64 on the
-        state's device without one)."""
-        return holder.values.to(device=self.device if like is None else like.device,
-                                dtype=torch.float64 if like is None else like.dtype, non_blocking=True)
+        """A copy of the host state's values as a 1-D tensor in the wire dtype of ``like``, on its
+        device (fp64 on the backend's device without one)."""
+        values = holder.values.to(device=self.device if like is None else like.device, non_blocking=True,
+                                  dtype=torch.float64 if like is None else getattr(torch, self.wire_dtype(like)),
+                                  copy=True)
+        holder.copied()
+        return values
 
     def with_leading_columns(self, rows, holder):
         """``rows`` (2-D) with the host state's values in front of every row, in the rows' dtype."""

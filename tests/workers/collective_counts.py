@@ -1,5 +1,5 @@
-"""The collectives a torch.distributed step makes, counted as they are called: an adaptive step
-must make those of its static one (``horovod_accordion.core.rates``), on DDP and FSDP alike."""
+"""The collectives a step makes, counted as they are called: an adaptive step must make those of
+its static one (``horovod_accordion.core.rates``), on Horovod, DDP and FSDP alike."""
 import torch.distributed as dist
 
 
@@ -7,9 +7,9 @@ DISTRIBUTED_COLLECTIVES = ("all_reduce", "all_gather", "all_to_all_single", "bro
                            "broadcast_object_list", "new_group", "reduce_scatter_tensor", "all_gather_into_tensor")
 
 
-def count_collectives(run):
-    """Every torch.distributed collective (and group made) while ``run()`` runs, by name."""
-    counts, originals = {}, {name: getattr(dist, name) for name in DISTRIBUTED_COLLECTIVES}
+def count_calls(module, names, run):
+    """How often each of ``module``'s functions ``names`` was called while ``run()`` ran."""
+    counts, originals = {}, {name: getattr(module, name) for name in names}
 
     def counting(name):
         def wrapper(*args, **kwargs):
@@ -17,14 +17,19 @@ def count_collectives(run):
             return originals[name](*args, **kwargs)
         return wrapper
 
-    for name in DISTRIBUTED_COLLECTIVES:
-        setattr(dist, name, counting(name))
+    for name in names:
+        setattr(module, name, counting(name))
     try:
         run()
     finally:
         for name, original in originals.items():
-            setattr(dist, name, original)
+            setattr(module, name, original)
     return counts
+
+
+def count_collectives(run):
+    """Every torch.distributed collective (and group made) while ``run()`` runs, by name."""
+    return count_calls(dist, DISTRIBUTED_COLLECTIVES, run)
 
 
 def assert_adaptive_steps_make_the_static_collectives(hooked, train, pairs, per_check=1):

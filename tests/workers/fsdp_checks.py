@@ -288,10 +288,30 @@ def assert_detector_norms(name, state, steps):
 
 def check_an_adaptive_step_makes_the_collectives_of_the_static_one():
     """As on DDP (``ddp_checks``): ours across replicas are those of the static step; a check
-    makes two over the world (the norms, the non-finite counts)."""
+    makes three over the world (the norms, the non-finite counts, the ranks' rates)."""
     return assert_adaptive_steps_make_the_static_collectives(hooked, train, (
         (PowerSGD(2, 1, min_compression_rate=0), PowerSGD(2, min_compression_rate=0)),
-        (Quantized(8, 4), Quantized(8))), per_check=2)
+        (Quantized(8, 4), Quantized(8))), per_check=3)
+
+
+def check_ranks_of_one_replica_whose_rates_differ_all_raise_at_the_check():
+    """Issue 45 review: the rate rides on the replicas' collectives, so each shard's replicas
+    agree; the ranks of one replica exchange nothing of ours between checks. Here shard 1's ranks
+    drop their rate at step 1 and shard 0's do not: every rank raises at the check of step 2,
+    naming each rank's rate, before any level differs between the shards of a layer."""
+    model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0))
+    shard = dist.get_rank() % SHARDS
+    try:
+        for step in range(4):
+            for group in optimizer.param_groups:
+                group["lr"] = 0.05 if shard == 1 and step >= 1 else 0.1
+            train(model, optimizer, 1, first=step)
+    except RuntimeError as error:
+        rates = {rank: 0.05 if rank % SHARDS == 1 else 0.1 for rank in range(REPLICAS * SHARDS)}
+        assert f"learning rates differ (rank: rate, None where none was observed): {rates}" in str(error), error
+        assert step == 1 and state.iter == 2, (step, state.iter)
+        return str(error)
+    raise AssertionError("the shards' rates differed and nothing was raised")
 
 
 def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
@@ -300,7 +320,7 @@ def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
     PowerSGD sends P (n × r) and Q (m × r) of each compressed shard and every 1-D shard whole; TopK
     (dense wire at 2 replicas for these sizes, or the sparse one when cheaper) its kept entries;
     Quantized every shard, padded to whole blocks for each replica, all of it handed to the
-    all-to-all and a replica's part to the all-gather. Each unit's first collective carries the
+    all-to-all and a replica's part to the all-gather. Unit 0's first collective carries the
     learning rate's 65 values (``core.rates``): fp32 on an allreduce, a byte in each row of the
     all-to-all."""
     report = {}
@@ -315,7 +335,7 @@ def check_levels_agree_on_every_rank_and_bytes_follow_the_shard_sizes():
         assert all(h == history for h in every_rank(history)), name
         assert {level for _, _, levels in history for level in levels.values()} == set(compression.levels), history
         layout = state._layout
-        rate_bytes = len(layout.units) * RATE_VALUES * (REPLICAS if name == "quantized" else 4)
+        rate_bytes = RATE_VALUES * (REPLICAS if name == "quantized" else 4)
         for step, levels in enumerate(levels_per_step):
             expected = rate_bytes
             for layer_name, shape in zip(layout.names, layout.shapes):
