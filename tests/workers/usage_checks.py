@@ -620,8 +620,3 @@ def check_keras_batch_switch_with_several_steps_per_execution_is_refused_at_fit(
         assert "steps_per_execution=1" in str(error), error
     else:
         raise AssertionError("batch_switch ran with steps_per_execution=2")
-
-
-# Item 10: rank 0's rate drops 10x at step 4, rank 1's at step 8, as a ReduceLROnPlateau stepped
-# on each rank's own loss would. The detector must see one rate on every rank: the largest, so the
-# decay comes at step 8, on both ranks at once.
