@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from horovod_accordion.ddp import AccordionState, accordion_hook
 from horovod_accordion.examples.ddp_loop import COMPRESSIONS, argument_parser
-from horovod_accordion.examples.runs import announce
+from horovod_accordion.examples.runs import announce, say
 from example_data import digits_shards
 from progress import train_with_epoch_windows
 
@@ -57,11 +57,11 @@ def train(args, compression, plots):
                                         args, rank, "ddp")
     if rank == 0:
         sent = state.accordion_stats()["total_bytes_sent"] / 1e3
-        print(f"[rank 0] {compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank", flush=True)
+        say(f"[rank 0] {compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank")
         if log_path is not None:
             from horovod_accordion.tools.plot import run_figures
             for path in run_figures(log_path, plots):
-                print(f"[rank 0] wrote {path}", flush=True)
+                say(f"[rank 0] wrote {path}")
 
 
 if __name__ == "__main__":

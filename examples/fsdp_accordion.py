@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from horovod_accordion.examples.ddp_loop import COMPRESSIONS, argument_parser
-from horovod_accordion.examples.runs import announce
+from horovod_accordion.examples.runs import announce, say
 from horovod_accordion.fsdp import AccordionState
 from example_data import digits_shards
 from progress import train_with_epoch_windows
@@ -57,8 +57,8 @@ def train(args, compression, mesh):
                                         args, rank, "fsdp")
     if rank == 0:
         sent = state.accordion_stats()["total_bytes_sent"] / 1e3
-        print(f"[rank 0] {compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank across "
-              f"replicas, state kept {state.kept_bytes / 1e3:.1f} kB", flush=True)
+        say(f"[rank 0] {compression}: test accuracy {accuracy:.3f}, {sent:.1f} kB sent per rank across "
+            f"replicas, state kept {state.kept_bytes / 1e3:.1f} kB")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import torch
 
 from horovod_accordion.ddp import Compression, PowerSGD, Quantized, TopK
 from horovod_accordion.examples.data import CLASSES, FEATURES, synthetic_shards
-from horovod_accordion.examples.runs import announce
+from horovod_accordion.examples.runs import announce, say
 
 COMPRESSIONS = {
     "accordion": PowerSGD(low_rank=2, high_rank=1),
@@ -78,18 +78,17 @@ class Report:
     def epoch(self, epoch, losses, test_accuracy):
         """After the epoch's window closed; ``losses``: the epoch's, or its mean alone."""
         loss = sum(losses) / len(losses)
-        print(f"[rank {self.rank}] epoch {epoch:2d}  loss {loss:.4f}  test accuracy {test_accuracy:.3f}", flush=True)
+        say(f"[rank {self.rank}] epoch {epoch:2d}  loss {loss:.4f}  test accuracy {test_accuracy:.3f}")
         checks = self.state.accordion_stats()["checks"]
         if self.rank == 0:
             for check in checks[self.checks_printed:]:
                 levels = "  ".join(f"{name}={level}" for name, level in check["levels"].items())
                 what = (f"LR decay to {check['lr']:g} in epoch {epoch}" if check["event"] == "lr_decay"
                         else f"check after epoch {epoch}")
-                print(f"[rank 0] {what}: levels per layer: {levels}", flush=True)
+                say(f"[rank 0] {what}: levels per layer: {levels}")
         self.checks_printed = len(checks)
 
     def end(self, test_accuracy):
         if self.rank == 0:
             sent = self.state.accordion_stats()["total_bytes_sent"] / 1e3
-            print(f"[rank 0] {self.compression}: test accuracy {test_accuracy:.3f}, {sent:.1f} kB sent per rank",
-                  flush=True)
+            say(f"[rank 0] {self.compression}: test accuracy {test_accuracy:.3f}, {sent:.1f} kB sent per rank")
