@@ -43,14 +43,15 @@ def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate_t
     raise AssertionError("the ranks' rates differed and nothing was raised")
 
 
-def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate_tensorflow():
+def tf_job(compression, **options):
+    """One 8 × 6 weight trained by a traced step through Accordion's tape: each rank's data
+    generator, the ``AccordionState`` (windows of ``options``, a check every window) and the step."""
     import numpy as np
     import horovod_accordion.tensorflow as hvd_tf
 
     generator = np.random.default_rng(hvd_tf.rank())
     weights = tf.Variable(np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32))
-    state = hvd_tf.AccordionState([weights], compression=hvd_tf.Compression.powersgd(2, 1, min_compression_rate=0),
-                                  window_steps=2, interval=1, verify_levels=True)
+    state = hvd_tf.AccordionState([weights], compression=compression, interval=1, **options)
 
     @tf.function
     def train_step(x):
@@ -58,6 +59,16 @@ def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate_t
             loss = tf.reduce_sum(tf.square(tf.matmul(x, weights)))
         [grad] = hvd_tf.DistributedGradientTape(tape, accordion=state).gradient(loss, [weights])
         weights.assign_sub(0.01 * grad)
+
+    return generator, state, train_step
+
+
+def check_ranks_whose_learning_rates_differ_raise_on_every_rank_with_each_rate_tensorflow():
+    import numpy as np
+    import horovod_accordion.tensorflow as hvd_tf
+
+    generator, state, train_step = tf_job(hvd_tf.Compression.powersgd(2, 1, min_compression_rate=0), window_steps=2,
+                                          verify_levels=True)
 
     for step in range(12):
         try:
@@ -119,16 +130,7 @@ def check_an_adaptive_step_makes_the_collectives_of_the_static_one_tensorflow():
     import horovod_accordion.tensorflow as hvd_tf
 
     def collectives(compression, window_steps):
-        generator = np.random.default_rng(hvd_tf.rank())
-        weights = tf.Variable(np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32))
-        state = hvd_tf.AccordionState([weights], compression=compression, window_steps=window_steps, interval=1,
-                                      verify_levels=False)
-        @tf.function
-        def train_step(x):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(tf.square(tf.matmul(x, weights)))
-            [grad] = hvd_tf.DistributedGradientTape(tape, accordion=state).gradient(loss, [weights])
-            weights.assign_sub(0.01 * grad)
+        generator, state, train_step = tf_job(compression, window_steps=window_steps, verify_levels=False)
 
         def run():
             for step in range(6):
