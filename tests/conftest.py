@@ -46,6 +46,9 @@ def worker_env(extra=None):
         "HOROVOD_ACCORDION_VERIFY_LEVELS": "1",  # every check of every test compares the ranks' levels
         # Horovod's 1 ms default cycle dominates the tiny steps of the checks and examples.
         "HOROVOD_CYCLE_TIME": "0.2",
+        # Open MPI polls in a busy loop unless it knows the cores are shared; they are: with two pytest
+        # workers, four ranks run on two cores, and a spinning rank takes the core a slower one needs.
+        "OMPI_MCA_mpi_yield_when_idle": "1",
     })
     env.update(extra or {})
     return env
@@ -178,9 +181,22 @@ def pytest_testnodedown(node, error):
     LAUNCH_TIMES.extend(tuple(launch) for launch in getattr(node, "workeroutput", {}).get("launch_times", []))
 
 
+# Seconds spent in each test file (setup, call and teardown of its tests), gathered on the controller.
+FILE_TIMES = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    FILE_TIMES[path] = FILE_TIMES.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Each worker launch's start-up (launcher, imports, init: until its first check began) apart
-    from its checks, slowest first."""
+    """The time of each test file, then each worker launch's start-up (launcher, imports, init: until
+    its first check began) apart from its checks, slowest first."""
+    if FILE_TIMES:
+        terminalreporter.section("test files (s)")
+        for path, seconds in sorted(FILE_TIMES.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:7.1f}  {path}")
     if not LAUNCH_TIMES:
         return
     terminalreporter.section("worker launches: start-up and checks (s)")

@@ -458,7 +458,8 @@ def check_keras_batch_switch_follows_the_controller():
 def check_keras_tensorboard_scalars_from_the_callback():
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     import tempfile
-    logdir = os.path.join(tempfile.gettempdir(), f"accordion-keras-tb-{os.getppid()}-{hvd.rank()}")
+    # A new directory: the reader reads every event file in it, a stale run's too.
+    logdir = os.path.join(tempfile.mkdtemp(prefix="accordion-keras-tb-"), "logs")
     model = make_keras_model()
     optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05),
                                                compression=hvd.Compression.topk(0.5, 0.1), interval=1)
@@ -494,7 +495,7 @@ def check_keras_none_and_fp16_with_a_log_path_record_their_traffic_and_train_as_
     weights = {}
     for compression, bytes_per_value in ((hvd.Compression.none, 4), (hvd.Compression.fp16, 2), (None, None)):
         model = make_keras_model()
-        log_path = os.path.join(tempfile.gettempdir(), f"accordion-keras-plain-{os.getppid()}-{hvd.rank()}.jsonl")
+        log_path = os.path.join(tempfile.mkdtemp(prefix="accordion-keras-plain-"), "log.jsonl")
         if compression is None:  # Horovod's own, the reference
             optimizer = hvd_keras.DistributedOptimizer(tf_keras.optimizers.SGD(0.05))
         else:

@@ -313,9 +313,7 @@ def state_dict_round_trip_continues_identically(compression):
 
 
 def check_jsonl_log_on_rank_zero_only():
-    path = os.path.join(tempfile.gettempdir(), f"accordion-log-{os.getppid()}-{hvd.rank()}.jsonl")
-    if os.path.exists(path):
-        os.remove(path)
+    path = os.path.join(tempfile.mkdtemp(prefix="accordion-log-"), "log.jsonl")
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(),
@@ -541,7 +539,8 @@ def tensorboard_scalars(logdir):
 
 
 def check_tensorboard_scalars_on_rank_zero_only():
-    logdir = os.path.join(tempfile.gettempdir(), f"accordion-tb-{os.getppid()}-{hvd.rank()}")
+    # A new directory: the reader reads every event file in it, a stale run's too.
+    logdir = os.path.join(tempfile.mkdtemp(prefix="accordion-tb-"), "logs")
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(),
