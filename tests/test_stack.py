@@ -3,10 +3,6 @@ import subprocess
 import sys
 import pathlib
 
-import pytest
-
-from tests.conftest import CONTROLLERS, check_names
-
 
 def test_check_build_lists_frameworks_and_controllers():
     horovodrun = pathlib.Path(sys.executable).parent / "horovodrun"
@@ -14,10 +10,3 @@ def test_check_build_lists_frameworks_and_controllers():
                             check=True, timeout=120).stdout
     for feature in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
         assert f"[X] {feature}" in output, output
-
-
-@pytest.mark.multiworker
-@pytest.mark.parametrize("controller", CONTROLLERS)
-@pytest.mark.parametrize("check", check_names("tf_smoke_checks"))
-def test_tensorflow_stack(launches, controller, check):
-    launches("tf_smoke_checks", controller).check(check)

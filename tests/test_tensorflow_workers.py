@@ -1,10 +1,10 @@
-"""TensorFlow and tf_keras adapters on 2 real Horovod processes, over Gloo and over MPI: the two
-worker modules share one launch per controller."""
+"""TensorFlow and tf_keras adapters, and Horovod's own TensorFlow stack, on 2 real Horovod processes,
+over Gloo and over MPI: the three worker modules share one launch per controller."""
 import pytest
 
 from tests.conftest import CONTROLLERS, check_names
 
-LAUNCH = "tf_checks+keras_baseline_checks"
+LAUNCH = "tf_checks+keras_baseline_checks+tf_smoke_checks"
 TIMEOUT = 600  # the baselines' twelve Keras fits are each traced anew
 
 
@@ -19,4 +19,11 @@ def test_tensorflow(launches, controller, check):
 @pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("check", check_names("keras_baseline_checks"))
 def test_keras_baselines(launches, controller, check):
+    launches(LAUNCH, controller, timeout=TIMEOUT).check(check)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("check", check_names("tf_smoke_checks"))
+def test_tensorflow_stack(launches, controller, check):
     launches(LAUNCH, controller, timeout=TIMEOUT).check(check)

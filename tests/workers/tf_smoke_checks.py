@@ -9,11 +9,7 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd_keras
 import tf_keras
 
-
-def setup():
-    hvd_tf.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    return hvd_tf.rank()
+from tests.workers.tf_checks import setup  # noqa: F401  (they share tf_checks' launch)
 
 
 def check_tensorflow_allreduce():
