@@ -13,7 +13,7 @@ demo: setup
 
 # Every check, on two pytest workers (a test file stays on one, so its launches are shared; the
 # longest files first, tests/conftest.py): much of a launch is start-up and waiting, which the
-# other worker's launches fill. The summary lists the 25
+# other worker's launches fill. The summary lists each test file's time, the 25
 # slowest tests and each worker launch's start-up apart from its checks.
 test: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests

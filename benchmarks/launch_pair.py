@@ -34,10 +34,11 @@ def main(module, *overrides):
     print(f"{module} {env}: wall {time.time() - started:.0f} s, CPU {used.ru_utime + used.ru_stime:.0f} s")
     for controller, result in launches.items():
         failed = sorted({name for outcomes in result.results.values() for name, outcome in outcomes.items()
-                         if isinstance(outcome, dict) and not outcome["ok"]})
+                         if not outcome["ok"]})
         print(f"  {controller}: exit code {result.returncode}, failed checks {failed}")
-    for name, controller, _, startup, checks, wall in LAUNCH_TIMES:
-        print(f"  {controller}: start-up {startup} s, checks {checks:.1f} s, wall {wall:.1f} s")
+    for _, controller, _, startup, checks, wall in LAUNCH_TIMES:
+        print(f"  {controller}: start-up {startup if startup is not None else '?'} s, checks {checks:.1f} s, "
+              f"wall {wall:.1f} s")
 
 
 if __name__ == "__main__":

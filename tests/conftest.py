@@ -44,7 +44,7 @@ def worker_env(extra=None):
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "HOROVOD_ACCORDION_VERIFY_LEVELS": "1",  # every check of every test compares the ranks' levels
-        # Four ranks share two cores: a short cycle spends the cores on Horovod's background threads
+        # Four ranks share two cores: at 0.2 ms the TensorFlow launches took a fifth more CPU
         # (benchmarks/results/test_suite.md has the measurements behind 5 ms).
         "HOROVOD_CYCLE_TIME": "5",
         # Open MPI polls in a busy loop unless it knows the cores are shared; they are: with two pytest
@@ -182,7 +182,8 @@ def pytest_testnodedown(node, error):
     LAUNCH_TIMES.extend(tuple(launch) for launch in getattr(node, "workeroutput", {}).get("launch_times", []))
 
 
-# Seconds spent in each test file (setup, call and teardown of its tests), gathered on the controller.
+# Seconds spent in each test file (setup, call and teardown of its tests): summed on the controller,
+# to which xdist hands each worker's reports once.
 FILE_TIMES = {}
 
 

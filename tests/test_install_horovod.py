@@ -2,6 +2,7 @@
 patches that must match exactly once. The build itself runs in `make setup` (scripts/setup.sh),
 and the whole install path a user takes in tests/test_release.py."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import tarfile
 import pytest
 
 from horovod_accordion.tools import install_horovod
+from tests.conftest import worker_env
 
 BUILD = {"horovod": "0.28.1", "patches": "p", "python": "3.11.7", "machine": "x86_64",
          "controllers": ["gloo", "mpi"], "gpu_operations": None,
@@ -180,15 +182,16 @@ def test_the_packaged_demo_without_horovod_says_how_to_install_it_or_where_the_d
 def test_horovodrun_asks_torch_whether_gloo_and_mpi_were_built(tmp_path):
     """Before every job horovodrun imports a framework's extension to ask whether its controller
     was built. Unpatched, it asked TensorFlow's first, 4 s of CPU per launch: a stand-in
-    ``tensorflow`` in front of the real one records whether anything imported it."""
-    from tests.conftest import worker_env
+    ``tensorflow`` in front of the real one records whether anything imported it. (Unpatched, a
+    Horovod built without TensorFlow would pass too; tests/test_stack.py checks that it has it.)"""
+    env = worker_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(
         f"open({str(tmp_path / 'imported')!r}, 'w').close()\nraise ImportError('stand-in')\n")
     horovodrun = str(pathlib.Path(sys.executable).parent / "horovodrun")
     for controller in ("gloo", "mpi"):
         job = subprocess.run([horovodrun, "-np", "1", f"--{controller}", sys.executable, "-c", "pass"],
-                             env=worker_env({"PYTHONPATH": f"{tmp_path}:{worker_env()['PYTHONPATH']}"}),
-                             capture_output=True, text=True, timeout=120)
+                             env=env, capture_output=True, text=True, timeout=120)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert not (tmp_path / "imported").exists(), f"horovodrun --{controller} imported TensorFlow"

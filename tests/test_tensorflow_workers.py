@@ -4,7 +4,8 @@ import pytest
 
 from tests.conftest import CONTROLLERS, check_names
 
-LAUNCH = "tf_checks+keras_baseline_checks+tf_smoke_checks"
+# Horovod's own checks first, in a clean process: a hang in ours must not hide whether Horovod works.
+LAUNCH = "tf_smoke_checks+tf_checks+keras_baseline_checks"
 TIMEOUT = 600  # the baselines' twelve Keras fits are each traced anew
 
 

@@ -514,7 +514,6 @@ def check_keras_none_and_fp16_with_a_log_path_record_their_traffic_and_train_as_
             with open(log_path) as log:
                 steps = [json.loads(line) for line in log if '"step"' in line]
             assert [s["bytes_sent"] for s in steps if s["event"] == "step"] == [bytes_per_value * parameters] * 4
-            os.remove(log_path)
     # Averaging fp32 gradients through our allreduce is Horovod's own average: the same weights.
     np.testing.assert_allclose(weights[4], weights[None], rtol=0, atol=1e-6)
     return {"parameters": parameters}
