@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 import horovod_accordion
-from tests.conftest import REPO
+from tests.conftest import RAY_TRAIN_POLL, REPO
 from tests.test_docs import code_blocks
 from tests.test_snippets import script_of
 
@@ -72,6 +72,7 @@ def run_as_a_user(commands, directory, wheel):
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
                                   if not p.startswith(str(REPO)) and p != str(pathlib.Path(sys.executable).parent))
     env["RAY_DISABLE_USAGE_STATS"] = "1"  # no usage report from a test machine (and no internet here)
+    env.update(RAY_TRAIN_POLL)
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=directory, env=env,
                             capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
