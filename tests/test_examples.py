@@ -1,6 +1,7 @@
 """The examples run as users run them: ``horovodrun -np 2 --gloo python examples/...``. An
 example trains every compression it is given in turn, so each sweep is one launch, and each
 compression's checks read its own run's part of the output."""
+import json
 import math
 import pathlib
 import re
@@ -178,14 +179,34 @@ def test_fsdp_example_with_every_compression(fsdp_example, compression):
                      fsdp_example[compression]), fsdp_example[compression]
 
 
+TRANSFORMER_COMPRESSIONS = [["none"], ["fp16"], ["powersgd", "--levels", "4", "4"], ["powersgd", "--levels", "4", "1"],
+                            ["topk", "--levels", "0.1", "0.1"], ["topk", "--levels", "0.5", "0.1"],
+                            ["quantized", "--levels", "4", "4"], ["quantized", "--levels", "8", "4"]]
+# The example is the study's program, one run per job; here one job runs its command line's
+# ``main`` once per compression, so the sweep starts torch and the corpus once, not 8 times.
+TRANSFORMER_SWEEP = """
+import json, sys
+import horovod.torch as hvd
+import transformer_lm
+hvd.init()
+for compression in json.loads(sys.argv[1]):
+    print(f"[rank {hvd.rank()}] training with {' '.join(compression)}", flush=True)
+    transformer_lm.main(transformer_lm.parse_args([*sys.argv[2:], "--compression", *compression]))
+"""
+
+
+@pytest.fixture(scope="module")
+def transformer_example():
+    output = run_example("-c", TRANSFORMER_SWEEP, json.dumps(TRANSFORMER_COMPRESSIONS), "--windows", "2",
+                         "--steps-per-window", "4", "--interval", "1", "--warmup-steps", "2",
+                         "--validation-sequences", "16")
+    return Runs(output, [" ".join(compression) for compression in TRANSFORMER_COMPRESSIONS])
+
+
 @pytest.mark.multiworker
-@pytest.mark.parametrize("compression", [["none"], ["fp16"], ["powersgd", "--levels", "4", "4"],
-                                         ["powersgd", "--levels", "4", "1"], ["topk", "--levels", "0.1", "0.1"],
-                                         ["topk", "--levels", "0.5", "0.1"], ["quantized", "--levels", "4", "4"],
-                                         ["quantized", "--levels", "8", "4"]], ids=" ".join)
-def test_transformer_example_with_every_compression(compression):
-    output = run_example("transformer_lm.py", "--windows", "2", "--steps-per-window", "4", "--interval", "1",
-                         "--warmup-steps", "2", "--validation-sequences", "16", "--compression", *compression)
+@pytest.mark.parametrize("compression", TRANSFORMER_COMPRESSIONS, ids=" ".join)
+def test_transformer_example_with_every_compression(transformer_example, compression):
+    output = transformer_example[" ".join(compression)]
     assert re.search(rf"\[rank 0\] {compression[0]}: validation loss [0-9.]+ nats per byte, [0-9.]+ MB sent", output)
     losses = [float(x) for x in re.findall(r"train: epoch [12]/2 .* validation ([0-9.]+)", output)]
     assert len(losses) == 2 and losses[1] < losses[0], output
