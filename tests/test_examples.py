@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
@@ -239,3 +240,19 @@ def test_under_horovodrun_progress_is_one_plain_line_per_epoch_and_no_progress_k
     quiet = run_example("pytorch_train.py", *args, "--no-progress")
     assert "train: epoch" not in quiet
     assert re.search(r"<stdout>:\[rank 0\] powersgd: test accuracy [0-9.]+ %, [0-9.]+ MB sent per rank", quiet), quiet
+
+
+def test_mnist1d_read_back_from_the_cache_is_what_mnist1d_generates(tmp_path):
+    script = ("import numpy as np, example_data\n"
+              "from mnist1d.data import get_dataset_args, make_dataset\n"
+              "made = make_dataset(get_dataset_args())\n"
+              "for _ in range(2):  # generated and kept, then read back\n"
+              "    x, y, x_test, y_test = example_data.load('mnist1d')\n"
+              "    assert np.array_equal(x[:, 0], made['x'].astype(np.float32)) and np.array_equal(y, made['y'])\n"
+              "    assert np.array_equal(x_test[:, 0], made['x_test'].astype(np.float32))\n"
+              "    assert np.array_equal(y_test, made['y_test']) and x.dtype == np.float32 and y.dtype == np.int64\n"
+              "print(*(p.name for p in (__import__('pathlib').Path(r'%s') / 'datasets').iterdir()))\n" % tmp_path)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO / "examples", capture_output=True, text=True,
+                            env=worker_env({"HOROVOD_ACCORDION_CACHE": str(tmp_path)}), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [f"mnist1d-{version('mnist1d')}.npz"], result.stdout
