@@ -57,17 +57,26 @@ def _on_cpu(tensor):
 
 def _pack(unsigned, bits):
     """Codes below 2^bits, each row's packed into bytes: 8/bits to a byte where bits divides 8,
-    else as ``bits`` bit planes of each 8 codes (``bits`` bytes per 8 codes either way)."""
+    else as ``bits`` bit planes of each 8 codes (``bits`` bytes per 8 codes either way). The codes
+    of a byte occupy disjoint bits, so an or of shifted strided views packs them without a
+    reduction kernel."""
     rows = unsigned.shape[0]
     if bits == 8:
         return unsigned
     if 8 % bits == 0:
-        per_byte = 8 // bits
-        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=unsigned.device)
-        return (unsigned.reshape(rows, -1, per_byte) << shifts).sum(dim=2, dtype=torch.uint8)
-    planes = (unsigned.reshape(rows, -1, 8, 1) >> torch.arange(bits, dtype=torch.uint8, device=unsigned.device)) & 1
-    weights = torch.arange(8, dtype=torch.uint8, device=unsigned.device).reshape(8, 1)
-    return (planes << weights).sum(dim=2, dtype=torch.uint8).reshape(rows, -1)
+        per_byte = unsigned.reshape(rows, -1, 8 // bits)
+        packed = per_byte[:, :, 0].clone()
+        for position in range(1, 8 // bits):
+            packed |= per_byte[:, :, position] << (position * bits)
+        return packed
+    codes = unsigned.reshape(rows, -1, 8)
+    planes = torch.empty(rows, codes.shape[1], bits, dtype=torch.uint8, device=unsigned.device)
+    for plane in range(bits):
+        byte = (codes[:, :, 0] >> plane) & 1
+        for position in range(1, 8):
+            byte |= ((codes[:, :, position] >> plane) & 1) << position
+        planes[:, :, plane] = byte
+    return planes.reshape(rows, -1)
 
 
 def _unpack(packed, bits):
@@ -314,23 +323,28 @@ class TorchTensorOps:
         levels = 2 ** (bits - 1) - 1
         blocks = rows.reshape(rows.shape[0], -1, block)
         # A Python number multiplies an fp32 tensor as an fp32 number: fp32(1/L).
-        scales = blocks.abs().amax(dim=2, keepdim=True) * (1.0 / levels)
+        # absmax as max(max, −min), read in place (abs() would write a copy first); abs_() makes a
+        # zero block's scale +0 whichever zero the maximum returns. NaN propagates either way.
+        absmax = torch.maximum(blocks.amax(dim=2, keepdim=True), blocks.amin(dim=2, keepdim=True).neg_()).abs_()
+        scales = absmax * (1.0 / levels)
         # A zero block has a zero scale and zero codes; a non-finite one a non-finite scale,
         # which dequantizes the whole block to NaN, so that the step is seen as one to skip.
         divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
-        codes = torch.round(blocks / divisor).clamp_(-levels, levels)
+        # In place where a value is not kept: on a CPU a new tensor of this size costs several
+        # times the arithmetic (the allocator maps fresh pages for it each time).
+        codes = torch.div(blocks, divisor).round_().clamp_(-levels, levels)
         sent = (codes * scales).reshape(rows.shape)
-        unsigned = (codes + levels).to(torch.uint8).reshape(rows.shape[0], -1)
+        unsigned = codes.add_(levels).to(torch.uint8).reshape(rows.shape[0], -1)
         wire = torch.cat([_pack(unsigned, bits), scales.reshape(rows.shape[0], -1).view(torch.uint8)], dim=1)
         return wire, sent
 
     def dequantize(self, wire, bits, block):
         """``quantize``'s values from its ``wire``."""
         values = wire.shape[1] * 8 * block // (bits * block + 32)
-        codes = _unpack(wire[:, :values * bits // 8], bits).to(torch.float32) - (2 ** (bits - 1) - 1)
+        codes = _unpack(wire[:, :values * bits // 8], bits).to(torch.float32).sub_(2 ** (bits - 1) - 1)
         # A copy: the scales' bytes start at any offset, and a view as fp32 needs one divisible by 4.
         scales = wire[:, values * bits // 8:].reshape(-1).clone().view(torch.float32).reshape(wire.shape[0], -1)
-        return (codes.reshape(wire.shape[0], -1, block) * scales.unsqueeze(2)).reshape(wire.shape[0], values)
+        return codes.reshape(wire.shape[0], -1, block).mul_(scales.unsqueeze(2)).reshape(wire.shape[0], values)
 
     def move_outside(self, source, target, first, last, factor):
         """``target += factor · source`` outside ``first:last``, where ``source`` becomes 0."""
