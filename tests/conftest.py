@@ -34,8 +34,8 @@ def check_names(module_names):
                   if isinstance(node, ast.FunctionDef) and node.name.startswith("check_"))
 
 
-# Ray Train's controller polls its workers every 2 s, and a report waits for it: at 0.2 s the Ray
-# example's 2 compressions of 6 short epochs took 21 s instead of 44 s, on the same CPU time.
+# Ray Train's controller collects each worker's report when it polls, every 2 s, and a worker's next
+# report waits for that: short epochs mostly wait (benchmarks/results/test_suite.md).
 RAY_TRAIN_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 
 
@@ -189,9 +189,10 @@ def pytest_testnodedown(node, error):
     LAUNCH_TIMES.extend(tuple(launch) for launch in getattr(node, "workeroutput", {}).get("launch_times", []))
 
 
-# Seconds spent in each test file (setup, call and teardown of its tests), of wall time and of CPU
-# (the test process's and its finished children's, launches included): summed on the controller, to
-# which xdist hands each worker's reports once. On two cores the suite is bound by its CPU time.
+# Seconds spent in each test file (setup, call and teardown of its tests), of wall time and of CPU:
+# the test process's and that of the processes it waited for (launches included; not daemons such as
+# a Ray cluster's, which nobody waits for). Summed on the controller, to which xdist hands each
+# worker's reports once. On two cores the suite is bound by its CPU time.
 FILE_TIMES = {}
 
 
@@ -223,10 +224,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The time of each test file, then each worker launch's start-up (launcher, imports, init: until
+    """The wall and CPU time of each test file, then each worker launch's start-up (launcher, imports, init: until
     its first check began) apart from its checks, slowest first."""
     if FILE_TIMES:
-        terminalreporter.section("test files: wall and CPU (s)")
+        terminalreporter.section("test files: wall and CPU of the processes waited for (s)")
         for path, (wall, cpu) in sorted(FILE_TIMES.items(), key=lambda item: -item[1][1]):
             terminalreporter.write_line(f"{wall:7.1f} wall  {cpu:7.1f} CPU  {path}")
         terminalreporter.write_line(f"all files: {sum(w for w, _ in FILE_TIMES.values()):.0f} s wall, "

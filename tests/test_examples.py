@@ -1,6 +1,8 @@
 """The examples run as users run them: ``horovodrun -np 2 --gloo python examples/...``. An
 example trains every compression it is given in turn, so each sweep is one launch, and each
-compression's checks read its own run's part of the output."""
+compression's checks read its own run's part of the output. The transformer example, the study's
+program, trains one compression per job: its sweep calls the example's own command line and
+``main`` once per compression in one job (the study's tests run it as a script)."""
 import json
 import math
 import pathlib
@@ -187,8 +189,8 @@ TRANSFORMER_COMPRESSIONS = [["none"], ["fp16"], ["powersgd", "--levels", "4", "4
 # ``main`` once per compression, so the sweep starts torch and the corpus once, not 8 times.
 TRANSFORMER_SWEEP = """
 import json, sys
-import horovod.torch as hvd
 import transformer_lm
+hvd = transformer_lm.hvd
 hvd.init()
 for compression in json.loads(sys.argv[1]):
     print(f"[rank {hvd.rank()}] training with {' '.join(compression)}", flush=True)
@@ -242,17 +244,32 @@ def test_under_horovodrun_progress_is_one_plain_line_per_epoch_and_no_progress_k
     assert re.search(r"<stdout>:\[rank 0\] powersgd: test accuracy [0-9.]+ %, [0-9.]+ MB sent per rank", quiet), quiet
 
 
-def test_mnist1d_read_back_from_the_cache_is_what_mnist1d_generates(tmp_path):
-    script = ("import numpy as np, example_data\n"
-              "from mnist1d.data import get_dataset_args, make_dataset\n"
-              "made = make_dataset(get_dataset_args())\n"
-              "for _ in range(2):  # generated and kept, then read back\n"
-              "    x, y, x_test, y_test = example_data.load('mnist1d')\n"
-              "    assert np.array_equal(x[:, 0], made['x'].astype(np.float32)) and np.array_equal(y, made['y'])\n"
-              "    assert np.array_equal(x_test[:, 0], made['x_test'].astype(np.float32))\n"
-              "    assert np.array_equal(y_test, made['y_test']) and x.dtype == np.float32 and y.dtype == np.int64\n"
-              "print(*(p.name for p in (__import__('pathlib').Path(r'%s') / 'datasets').iterdir()))\n" % tmp_path)
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO / "examples", capture_output=True, text=True,
-                            env=worker_env({"HOROVOD_ACCORDION_CACHE": str(tmp_path)}), timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == [f"mnist1d-{version('mnist1d')}.npz"], result.stdout
+MNIST1D_AS_GENERATED = """
+import numpy as np, example_data
+from mnist1d.data import get_dataset_args, make_dataset
+made = make_dataset(get_dataset_args())
+x, y, x_test, y_test = example_data.load("mnist1d")
+assert np.array_equal(x[:, 0], made["x"].astype(np.float32)) and np.array_equal(y, made["y"])
+assert np.array_equal(x_test[:, 0], made["x_test"].astype(np.float32)) and np.array_equal(y_test, made["y_test"])
+assert x.dtype == x_test.dtype == np.float32 and y.dtype == y_test.dtype == np.int64
+np.savez("loaded.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+"""
+# The same load where mnist1d cannot generate anything: it must come from the cache.
+MNIST1D_FROM_THE_CACHE_ALONE = """
+import sys, numpy as np
+sys.modules["mnist1d.data"] = None
+import example_data
+loaded = np.load("loaded.npz")
+for kept, first in zip(example_data.load("mnist1d"), (loaded[key] for key in ("x", "y", "x_test", "y_test"))):
+    assert np.array_equal(kept, first) and kept.dtype == first.dtype
+"""
+
+
+def test_mnist1d_is_generated_once_then_read_back_from_the_cache(tmp_path):
+    env = worker_env({"HOROVOD_ACCORDION_CACHE": str(tmp_path / "cache"),
+                      "PYTHONPATH": f"{REPO / 'examples'}:{REPO}"})
+    for script in (MNIST1D_AS_GENERATED, MNIST1D_FROM_THE_CACHE_ALONE):
+        result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "cache" / "datasets").iterdir()] == [f"mnist1d-{version('mnist1d')}.npz"]

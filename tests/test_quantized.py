@@ -58,3 +58,54 @@ def test_one_rank_with_any_block_and_bits_dequantizes_its_scales():
         for grad, average in zip(grads, reducer.reduce(grads)):
             step = grad.abs().max() / (2 ** (bits - 1) - 1)  # the coarsest scale a block of it can have
             assert average.shape == grad.shape and (average - grad).abs().max() <= 2 * step, bits
+
+
+def packed_reference(codes, bits):
+    """The documented layout, one byte at a time: where bits divides 8, code j of a byte in its
+    bits j·b … j·b + b − 1; else each 8 codes as ``bits`` bytes, byte p holding bit p of code j
+    in its bit j. TensorFlow's ``_pack`` writes the same bytes."""
+    out = []
+    for row in codes.tolist():
+        packed = []
+        if 8 % bits == 0:
+            per_byte = 8 // bits
+            for start in range(0, len(row), per_byte):
+                packed.append(sum(code << (j * bits) for j, code in enumerate(row[start:start + per_byte])))
+        else:
+            for start in range(0, len(row), 8):
+                group = row[start:start + 8]
+                packed += [sum(((code >> plane) & 1) << j for j, code in enumerate(group)) for plane in range(bits)]
+        out.append(packed)
+    return out
+
+
+def test_the_packed_codes_have_the_documented_layout_and_unpack_to_themselves():
+    import torch
+
+    from horovod_accordion.torch_common.tensors import _pack, _unpack
+
+    for bits in range(2, 9):
+        codes = torch.randint(0, 2 ** bits, (2, 64), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
+        packed = _pack(codes, bits)
+        assert packed.dtype == torch.uint8 and packed.tolist() == packed_reference(codes, bits), bits
+        assert torch.equal(_unpack(packed, bits), codes), bits
+
+
+def test_a_zero_block_has_scale_plus_zero_and_a_non_finite_block_a_non_finite_scale():
+    import math
+
+    import torch
+
+    from horovod_accordion.torch_common.tensors import TorchTensorOps
+
+    tensors = TorchTensorOps()
+    blocks = torch.tensor([[0.0] * 4 + [-0.0] * 4 + [-1.0, -2.0, -3.0, -4.0] + [1.0, math.inf, 2.0, 3.0]
+                           + [math.nan, 1.0, -1.0, 0.0] + [-math.inf, 0.0, 0.0, 1.0]])
+    for bits in (2, 3, 4, 8):
+        wire, sent = tensors.quantize(blocks, bits, 4)
+        scales = wire[0, -6 * 4:].clone().view(torch.float32)
+        assert scales[:2].tolist() == [0.0, 0.0] and not any(math.copysign(1.0, s) < 0 for s in scales[:2].tolist())
+        assert scales[2].item() == (torch.tensor(4.0) * (1.0 / (2 ** (bits - 1) - 1))).item()  # fp32(4 · fp32(1/L))
+        assert not torch.isfinite(scales[3:]).any(), (bits, scales)
+        back = tensors.dequantize(wire, bits, 4)
+        assert torch.equal(back[0, :8], torch.zeros(8)) and not torch.isfinite(back[0, 12:]).any(), (bits, back)

@@ -72,7 +72,7 @@ def run_as_a_user(commands, directory, wheel):
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
                                   if not p.startswith(str(REPO)) and p != str(pathlib.Path(sys.executable).parent))
     env["RAY_DISABLE_USAGE_STATS"] = "1"  # no usage report from a test machine (and no internet here)
-    env.update(RAY_TRAIN_POLL)
+    env.update(RAY_TRAIN_POLL)  # Ray Train's own setting, not the page's: it only makes short epochs wait less
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=directory, env=env,
                             capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr

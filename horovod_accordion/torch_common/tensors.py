@@ -69,14 +69,11 @@ def _pack(unsigned, bits):
         for position in range(1, 8 // bits):
             packed |= per_byte[:, :, position] << (position * bits)
         return packed
-    codes = unsigned.reshape(rows, -1, 8)
-    planes = torch.empty(rows, codes.shape[1], bits, dtype=torch.uint8, device=unsigned.device)
-    for plane in range(bits):
-        byte = (codes[:, :, 0] >> plane) & 1
-        for position in range(1, 8):
-            byte |= ((codes[:, :, position] >> plane) & 1) << position
-        planes[:, :, plane] = byte
-    return planes.reshape(rows, -1)
+    planes = (unsigned.reshape(rows, -1, 8, 1) >> torch.arange(bits, dtype=torch.uint8, device=unsigned.device)) & 1
+    packed = planes[:, :, 0].clone()  # (rows, groups of 8, bits): byte b of a group holds bit b of its 8 codes
+    for position in range(1, 8):
+        packed |= planes[:, :, position] << position
+    return packed.reshape(rows, -1)
 
 
 def _unpack(packed, bits):
@@ -322,10 +319,11 @@ class TorchTensorOps:
         a division by a constant, so an eager step, a traced one and torch's agree."""
         levels = 2 ** (bits - 1) - 1
         blocks = rows.reshape(rows.shape[0], -1, block)
-        # A Python number multiplies an fp32 tensor as an fp32 number: fp32(1/L).
-        # absmax as max(max, −min), read in place (abs() would write a copy first); abs_() makes a
-        # zero block's scale +0 whichever zero the maximum returns. NaN propagates either way.
+        # absmax as max(max, −min), without the copy that abs() would write first; abs_() makes a
+        # zero block's scale +0 whichever zero the maximum returns. A NaN propagates (its payload
+        # may differ from abs().amax()'s; any NaN scale dequantizes its block to NaN).
         absmax = torch.maximum(blocks.amax(dim=2, keepdim=True), blocks.amin(dim=2, keepdim=True).neg_()).abs_()
+        # A Python number multiplies an fp32 tensor as an fp32 number: fp32(1/L).
         scales = absmax * (1.0 / levels)
         # A zero block has a zero scale and zero codes; a non-finite one a non-finite scale,
         # which dequantizes the whole block to NaN, so that the step is seen as one to skip.

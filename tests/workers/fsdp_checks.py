@@ -451,19 +451,27 @@ def shared_dir():
     return os.environ["ACCORDION_SHARED_DIR"]
 
 
+# What the mid-run checkpoints are taken with; ``fsdp_resume_checks`` resumes each.
+CHECKPOINTED = {"powersgd": lambda: PowerSGD(2, 1, min_compression_rate=0), "quantized": lambda: Quantized(8, 4)}
+
+
 def check_a_checkpoint_is_saved_mid_run_and_the_run_goes_on():
-    """Adaptive PowerSGD, 6 steps, a DCP checkpoint of the model, the optimizer and the state (in
-    the middle of a window: 1 step into it), then 7 more: ``fsdp_resume_checks`` resumes from the
-    checkpoint in a new launch and must reach bitwise this run's end."""
-    model, optimizer, state = hooked(PowerSGD(2, 1, min_compression_rate=0), window_steps=4)
-    train(model, optimizer, 5, regime_at=3)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state, "accordion": state},
-             checkpoint_id=os.path.join(shared_dir(), "checkpoint"))
-    train(model, optimizer, 7, first=5, regime_at=3)
-    torch.save({"shards": local_shards(model), "stats": state.accordion_stats(), "iter": state.iter},
-               os.path.join(shared_dir(), f"end{dist.get_rank()}.pt"))
-    return {"levels": state.levels, "iter": state.iter}
+    """Adaptive PowerSGD, then adaptive Quantized (whose state is both error memories, each rank's
+    own): 6 steps, a DCP checkpoint of the model, the optimizer and the state (in the middle of a
+    window: 1 step into it), then 7 more. ``fsdp_resume_checks`` resumes from each checkpoint in a
+    new launch and must reach bitwise this run's end."""
+    levels = {}
+    for label, compression in CHECKPOINTED.items():
+        model, optimizer, state = hooked(compression(), window_steps=4)
+        train(model, optimizer, 5, regime_at=3)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state, "accordion": state},
+                 checkpoint_id=os.path.join(shared_dir(), f"checkpoint-{label}"))
+        train(model, optimizer, 7, first=5, regime_at=3)
+        torch.save({"shards": local_shards(model), "stats": state.accordion_stats(), "iter": state.iter},
+                   os.path.join(shared_dir(), f"end-{label}{dist.get_rank()}.pt"))
+        levels[label] = state.levels
+    return levels
 
 
 def check_the_advisors_hsdp_layout_has_the_states_shards_and_bytes():
