@@ -81,8 +81,12 @@ class TensorOps(Protocol):
     def level_value(self, level: Any) -> Any:
         """The value of the level holder ``level`` as the reducer's Python code sees it."""
 
-    def as_columns(self, tensors: List[Tensor], widths: List[int], rows: int) -> Tensor:
-        """(``rows``, Σ ``widths``) fp32: each 1-D tensor, zero-padded to ``rows`` × its width, in its columns."""
+    def as_columns(self, tensors: List[Tensor], widths: List[int], rows: int, plus: List[Tensor] = None) -> Tensor:
+        """(``rows``, Σ ``widths``) fp32: each 1-D tensor (plus its ``plus`` counterpart, added in
+        fp32), zero-padded to ``rows`` × its width, in its columns."""
+
+    def difference(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a − b``, which may be written over ``a``: the caller does not read ``a`` again."""
 
     def placed(self, pieces: List[Tuple[int, Tensor]], length: int) -> Tensor:
         """Zeros of ``length`` in fp32, with each 1-D tensor of ``pieces`` (``(offset, tensor)``) at its offset."""

@@ -540,10 +540,10 @@ class QuantizedReducer(_Reducer):
                  for k, (numel, width, column) in enumerate(zip(sizes, widths, columns))]
         if feedback:
             self._keep_owner_memory_of(members, owned, size)
-        ms = [tensors.as_matrix(grad, (-1,)) for _, grad in members]
-        if feedback:
-            ms = [m + tensors.read(self.memory[i]) for (i, _), m in zip(members, ms)]
-        wire, sent = tensors.quantize(tensors.as_columns(ms, widths, size), bits, block)
+        grads = [tensors.as_matrix(grad, (-1,)) for _, grad in members]
+        memories = [tensors.read(self.memory[i]) for i, _ in members] if feedback else None
+        x = tensors.as_columns(grads, widths, size, plus=memories)  # M = grad + memory, in its owners' columns
+        wire, sent = tensors.quantize(x, bits, block)
         pending = collectives.start_alltoall(wire, f"quantized.alltoall{name}")
         yield
         a = tensors.mean_of_rows(tensors.dequantize(pending.wait(), bits, block))
@@ -564,8 +564,9 @@ class QuantizedReducer(_Reducer):
 
         outputs = {i: layer(gathered, k) for k, (i, _) in enumerate(members)}
         if feedback:
-            for k, ((i, _), m) in enumerate(zip(members, ms)):
-                tensors.assign_if_finite(self.memory[i], m - layer(sent, k), also=outputs[i])
+            residual = tensors.difference(x, sent)  # M − Q_b(M); x is not read again
+            for k, (i, _) in enumerate(members):
+                tensors.assign_if_finite(self.memory[i], layer(residual, k), also=outputs[i])
             rest = a - tensors.reshape(sent_average, (-1,))
             for k, first, last, column in owned:
                 if first < last:

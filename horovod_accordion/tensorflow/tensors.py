@@ -173,10 +173,15 @@ class TensorFlowTensorOps:
         """``flat[first:last]``; of a variable, a slice that ``assign`` writes into it."""
         return flat[first:last]
 
-    def as_columns(self, tensors, widths, rows):
+    def as_columns(self, tensors, widths, rows, plus=None):
+        if plus is not None:
+            tensors = [t + p for t, p in zip(tensors, plus)]
         blocks = [tf.reshape(tf.pad(t, [[0, rows * width - t.shape[0]]]), [rows, width])
                   for t, width in zip(tensors, widths)]
         return tf.concat(blocks, axis=1)
+
+    def difference(self, a, b):
+        return a - b
 
     def placed(self, pieces, length):
         """One concatenation of the pieces and the zeros between them (``pieces`` in order)."""

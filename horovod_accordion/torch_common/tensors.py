@@ -282,19 +282,29 @@ class TorchTensorOps:
     def level_value(self, level):
         return level.value
 
-    def as_columns(self, tensors, widths, rows):
-        """(``rows``, Σ ``widths``) fp32: each 1-D tensor, zero-padded to ``rows`` × its width, in its columns."""
+    def as_columns(self, tensors, widths, rows, plus=None):
+        """(``rows``, Σ ``widths``) fp32: each 1-D tensor (plus its ``plus`` counterpart, added in
+        fp32), zero-padded to ``rows`` × its width, in its columns. The sum is written straight
+        into the columns: on a CPU a new full-size tensor costs more than the addition."""
         out = torch.empty(rows, sum(widths), dtype=torch.float32, device=self.device)
         column = 0
-        for tensor, width in zip(tensors, widths):
+        for k, (tensor, width) in enumerate(zip(tensors, widths)):
             whole, rest = divmod(tensor.numel(), width)  # full rows, and the values of a partial one
             block = out[:, column:column + width]
-            block[:whole] = tensor[:whole * width].view(whole, width)
+            if plus is None:
+                block[:whole] = tensor[:whole * width].view(whole, width)
+            else:
+                torch.add(tensor[:whole * width].view(whole, width), plus[k][:whole * width].view(whole, width),
+                          out=block[:whole])
             if whole < rows:
                 block[whole:] = 0
-                block[whole, :rest] = tensor[whole * width:]
+                tail = tensor[whole * width:]
+                block[whole, :rest] = tail if plus is None else tail + plus[k][whole * width:]
             column += width
         return out
+
+    def difference(self, a, b):
+        return a.sub_(b)
 
     def placed(self, pieces, length):
         """Zeros of ``length`` in fp32, with each 1-D tensor of ``pieces`` (``(offset, tensor)``) at its offset."""
