@@ -11,7 +11,7 @@ fraction, a flag); a *flag* is a boolean the device may hold (read without a hos
 the backend can); a *tensor* is the framework's own.
 """
 
-from typing import Any, Callable, Dict, List, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 __all__ = ["CollectiveOps", "EagerTensorOps", "Pending", "Sharding", "TensorOps"]
 
@@ -81,7 +81,8 @@ class TensorOps(Protocol):
     def level_value(self, level: Any) -> Any:
         """The value of the level holder ``level`` as the reducer's Python code sees it."""
 
-    def as_columns(self, tensors: List[Tensor], widths: List[int], rows: int, plus: List[Tensor] = None) -> Tensor:
+    def as_columns(self, tensors: List[Tensor], widths: List[int], rows: int,
+                   plus: Optional[List[Tensor]] = None) -> Tensor:
         """(``rows``, Σ ``widths``) fp32: each 1-D tensor (plus its ``plus`` counterpart, added in
         fp32), zero-padded to ``rows`` × its width, in its columns."""
 
