@@ -109,3 +109,22 @@ def test_a_zero_block_has_scale_plus_zero_and_a_non_finite_block_a_non_finite_sc
         assert not torch.isfinite(scales[3:]).any(), (bits, scales)
         back = tensors.dequantize(wire, bits, 4)
         assert torch.equal(back[0, :8], torch.zeros(8)) and not torch.isfinite(back[0, 12:]).any(), (bits, back)
+
+
+def test_gradient_and_memory_are_added_in_fp32_straight_into_their_columns():
+    """``as_columns(plus=)`` against the sum taken first and placed after: bf16 and fp32
+    gradients, a layer smaller than its width, one that fills every row, one with a partial row,
+    and one carrying an autograd history."""
+    import torch
+
+    from horovod_accordion.torch_common.tensors import TorchTensorOps
+
+    tensors, generator = TorchTensorOps(), torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, generator=generator).bfloat16(), torch.randn(384, generator=generator),
+             torch.randn(200, generator=generator, requires_grad=True)]
+    memories = [torch.randn(g.numel(), generator=generator) for g in grads]
+    widths, rows = [64, 128, 128], 3
+    added = tensors.as_columns([g.float() for g in grads], widths, rows, plus=memories)
+    placed = tensors.as_columns([g.detach().float() + m for g, m in zip(grads, memories)], widths, rows)
+    assert torch.equal(added, placed) and added.dtype == torch.float32
+    assert torch.equal(tensors.difference(added, placed), torch.zeros(rows, sum(widths)))

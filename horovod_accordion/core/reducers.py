@@ -540,10 +540,13 @@ class QuantizedReducer(_Reducer):
                  for k, (numel, width, column) in enumerate(zip(sizes, widths, columns))]
         if feedback:
             self._keep_owner_memory_of(members, owned, size)
-        grads = [tensors.as_matrix(grad, (-1,)) for _, grad in members]
-        memories = [tensors.read(self.memory[i]) for i, _ in members] if feedback else None
-        x = tensors.as_columns(grads, widths, size, plus=memories)  # M = grad + memory, in its owners' columns
+        # M = grad + memory, in its owners' columns (the fp32 copies of bf16 gradients not kept: a
+        # generator's locals live through the collectives)
+        x = tensors.as_columns([tensors.as_matrix(grad, (-1,)) for _, grad in members], widths, size,
+                               plus=[tensors.read(self.memory[i]) for i, _ in members] if feedback else None)
         wire, sent = tensors.quantize(x, bits, block)
+        if not feedback:
+            del x, sent
         pending = collectives.start_alltoall(wire, f"quantized.alltoall{name}")
         yield
         a = tensors.mean_of_rows(tensors.dequantize(pending.wait(), bits, block))

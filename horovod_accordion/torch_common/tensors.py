@@ -287,6 +287,7 @@ class TorchTensorOps:
         fp32), zero-padded to ``rows`` × its width, in its columns. The sum is written straight
         into the columns: on a CPU a new full-size tensor costs more than the addition."""
         out = torch.empty(rows, sum(widths), dtype=torch.float32, device=self.device)
+        tensors = [t.detach() for t in tensors]  # out= takes no autograd history (see pack_products)
         column = 0
         for k, (tensor, width) in enumerate(zip(tensors, widths)):
             whole, rest = divmod(tensor.numel(), width)  # full rows, and the values of a partial one
