@@ -10,12 +10,13 @@
 Each rank trains on its own shard, as a DistributedSampler would give it.
 """
 import os
-import pathlib
 import pickle
 import tempfile
 import zipfile
 
 import numpy as np
+
+from horovod_accordion.tools import cache_folder
 
 DATASETS = ("digits", "mnist1d", "cifar10")
 
@@ -63,9 +64,7 @@ def _mnist1d():
         name = f"mnist1d-{version('mnist1d')}.npz"
     except PackageNotFoundError:
         raise ModuleNotFoundError("No module named 'mnist1d': pip install the repository's 'examples' extra") from None
-    cache = os.environ.get("HOROVOD_ACCORDION_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                       "horovod_accordion")
-    path = pathlib.Path(cache) / "datasets" / name
+    path = cache_folder() / "datasets" / name
     try:
         with np.load(path) as kept:
             data = {key: kept[key] for key in MNIST1D_ARRAYS}

@@ -224,8 +224,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The wall and CPU time of each test file, then each worker launch's start-up (launcher, imports, init: until
-    its first check began) apart from its checks, slowest first."""
+    """The wall and CPU time of each test file, then each worker launch's start-up (launcher,
+    imports, init: until its first check began) apart from its checks, slowest first."""
     if FILE_TIMES:
         terminalreporter.section("test files: wall and CPU of the processes waited for (s)")
         for path, (wall, cpu) in sorted(FILE_TIMES.items(), key=lambda item: -item[1][1]):

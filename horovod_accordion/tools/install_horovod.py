@@ -33,6 +33,8 @@ import sys
 import tarfile
 import tempfile
 
+from horovod_accordion.tools import cache_folder
+
 PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
 # The names `horovodrun --check-build` prints.
 FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
@@ -255,8 +257,7 @@ def check_build(build):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m horovod_accordion.tools.install_horovod", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path(os.environ.get(
-        "HOROVOD_ACCORDION_CACHE", pathlib.Path.home() / ".cache" / "horovod_accordion")))
+    parser.add_argument("--cache", type=pathlib.Path, default=cache_folder())
     parser.add_argument("--gpu-operations", default=os.environ.get("HOROVOD_GPU_OPERATIONS"),
                         help="e.g. NCCL (default: $HOROVOD_GPU_OPERATIONS; none: a CPU build)")
     parser.add_argument("--rebuild", action="store_true", help="compile even when a cached wheel fits")
