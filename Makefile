@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 NP ?= 2
 
-.PHONY: setup demo test check test-gpu image test-image
+.PHONY: setup demo test check test-gpu gpu-check image test-image
 
 setup:
 	VENV=$(VENV) bash scripts/setup.sh
@@ -27,6 +27,12 @@ check: setup
 # HOROVOD_GPU_OPERATIONS=NCCL with the CUDA builds it names. Skips, saying why, without them.
 test-gpu: setup
 	HOROVOD_ACCORDION_GPU_TESTS=1 PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m pytest -v -rs tests/test_gpu.py
+
+# On a lent GPU machine, with its own torch and no network: Horovod built with NCCL, then
+# test-gpu's checks, as one JSON report naming the device (scripts/gpu_check.py says how).
+GPU_CHECK_PYTHON ?= python3
+gpu-check:
+	$(GPU_CHECK_PYTHON) scripts/gpu_check.py
 
 # The CPU image (docker/Dockerfile.cpu): `docker build` where a Docker engine runs, else buildah
 # (vfs, chroot isolation) with the host's Horovod wheel cache mounted. See docker/README.md.

@@ -7,7 +7,10 @@ Horovod has been released. This downloads that sdist, applies the edits in
 ``horovod_patches.json`` (each must match exactly once, so a different sdist stops here
 instead of twenty minutes later in the compiler), and builds a wheel for the frameworks and
 controllers of the running environment: PyTorch and TensorFlow where importable, Gloo always,
-MPI where ``mpicc`` is found, and ``HOROVOD_GPU_OPERATIONS`` (e.g. ``NCCL``) when set.
+MPI where ``mpicc`` is found, and ``HOROVOD_GPU_OPERATIONS`` (e.g. ``NCCL``) when set. A GPU build
+compiles against the CUDA toolkit and NCCL that ``HOROVOD_CUDA_HOME`` (or ``CUDA_HOME``) and
+``HOROVOD_NCCL_HOME`` name, or else against the versions torch was built with, assembled from the
+package index's wheels (``cuda_toolkit``): no system toolkit is needed.
 
 The wheel is cached (``--cache``, ``$HOROVOD_ACCORDION_CACHE``, ``~/.cache/horovod_accordion``)
 under a key of what changes its binary: Horovod, the patches, Python, the machine and its C
@@ -33,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 
-from horovod_accordion.tools import cache_folder
+from horovod_accordion.tools import cache_folder, cuda_toolkit
 
 PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
 # The names `horovodrun --check-build` prints.
@@ -62,7 +65,7 @@ def installed_version(distributions):
     return None
 
 
-def describe_build(gpu_operations):
+def describe_build(gpu_operations, cache=None):
     """What the wheel for this environment is built from and for: its cache key's contents."""
     patches = json.loads(PATCHES.read_text())
     frameworks = {name: version for name, dists in FRAMEWORK_DISTRIBUTIONS.items()
@@ -72,6 +75,9 @@ def describe_build(gpu_operations):
              "extra first (pip install 'horovod_accordion-<version>-py3-none-any.whl[torch]', see "
              "docs/getting-started/install.md), then run this again")
     mpi = shutil.which("mpicc") is not None
+    # Where a GPU build finds CUDA, NCCL and their parts: they reach it, so they key it.
+    locations = gpu_locations(gpu_operations, cache or cache_folder(), os.environ)
+    cuda_home = locations.get("HOROVOD_CUDA_HOME") or locations.get("CUDA_HOME")
     return {
         "horovod": patches["horovod"],
         "patches": hashlib.sha256(PATCHES.read_bytes()).hexdigest(),
@@ -81,13 +87,32 @@ def describe_build(gpu_operations):
         "controllers": ["gloo", "mpi"] if mpi else ["gloo"],
         "mpi": first_line(["mpirun", "--version"]) if mpi else None,
         "gpu_operations": gpu_operations or None,
-        "cuda": first_line(["nvcc", "--version"], last=True) if gpu_operations else None,
+        "cuda": first_line([f"{cuda_home}/bin/nvcc" if cuda_home else "nvcc", "--version"], last=True)
+        if gpu_operations else None,
         "compiler": first_line([*shlex.split(os.environ.get("CXX", "c++")), "--version"]),
-        # Where a GPU build finds CUDA, NCCL and their parts: they reach it, so they key it.
-        "locations": {key: os.environ[key] for key in sorted(LOCATION_VARIABLES)
-                      if key in os.environ and gpu_operations},
+        "locations": locations,
         "frameworks": frameworks,
     }
+
+
+def gpu_locations(gpu_operations, cache, environ):
+    """Where a GPU build finds CUDA and NCCL: the variables set in ``environ`` where they name a
+    toolkit, else a toolkit of the versions torch was built with, assembled in ``cache``."""
+    if not gpu_operations:
+        return {}
+    given = {key: environ[key] for key in sorted(LOCATION_VARIABLES) if key in environ}
+    if given.keys() & {"HOROVOD_CUDA_HOME", "CUDA_HOME"}:
+        return given
+    torch_version = installed_version(["torch"])
+    requirements = cuda_toolkit.requirements_of("torch") if torch_version else None
+    if requirements is None:
+        fail(f"HOROVOD_GPU_OPERATIONS={gpu_operations} needs a CUDA toolkit and NCCL: "
+             + (f"torch {torch_version} pins none (a CPU build?): install torch's CUDA build"
+                if torch_version else "without torch, none is assembled from the package index")
+             + ", or set HOROVOD_CUDA_HOME (and HOROVOD_NCCL_HOME) to a toolkit and NCCL of your framework's "
+               "CUDA version")
+    log(f"assembling CUDA and NCCL from {' '.join(requirements)} under {cache / 'cuda'}")
+    return {**cuda_toolkit.assemble(cache, requirements), **given}
 
 
 def first_line(command, last=False):
@@ -263,7 +288,7 @@ def main(argv=None):
     parser.add_argument("--rebuild", action="store_true", help="compile even when a cached wheel fits")
     args = parser.parse_args(argv)
 
-    build = describe_build(args.gpu_operations)
+    build = describe_build(args.gpu_operations, args.cache)
     wheel = None if args.rebuild else find_cached_wheel(args.cache, build)
     marker = pathlib.Path(sys.prefix) / ".horovod-wheel"
     if wheel is None:

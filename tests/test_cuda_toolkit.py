@@ -1,0 +1,87 @@
+"""The CUDA toolkit a GPU build of Horovod compiles against where no system toolkit is set:
+which versions it takes from torch, and the folder it assembles from wheels, with real pip on
+stand-in wheels (the real ones are 500 MB; `scripts/gpu_check.sh` and the GPU image use them)."""
+import importlib.metadata
+import os
+import pathlib
+import subprocess
+import zipfile
+
+import pytest
+
+from horovod_accordion.tools import cuda_toolkit, install_horovod
+
+# torch 2.13.0's own pins on PyPI (its CUDA 13 build), as importlib.metadata.requires gives them.
+TORCH_CU13_PINS = [
+    "filelock", "typing-extensions>=4.10.0",
+    'cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; '
+    'platform_system == "Linux"',
+    'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
+    'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"',
+    'triton==3.7.1; platform_system == "Linux" and python_version < "3.15"',
+    'optree>=0.13.0; extra == "optree"',
+]
+
+
+def test_the_toolkit_takes_the_compiler_runtime_and_nccl_of_torchs_own_pins(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: TORCH_CU13_PINS if name == "torch" else None)
+    assert cuda_toolkit.requirements_of("torch") == ["cuda-toolkit[nvcc,cudart,cccl]==13.0.3",
+                                                     "nvidia-nccl-cu13==2.29.7"]
+
+
+def test_a_cpu_torch_pins_no_toolkit_and_a_gpu_build_then_names_the_way_out(tmp_path, monkeypatch):
+    assert cuda_toolkit.requirements_of("torch") is None, "this suite runs on the CPU build of torch"
+    with pytest.raises(SystemExit) as refused:
+        install_horovod.gpu_locations("NCCL", tmp_path, {})
+    assert "CPU build" in str(refused.value) and "HOROVOD_CUDA_HOME" in str(refused.value)
+    assert not (tmp_path / "cuda").exists()
+    given = {"HOROVOD_CUDA_HOME": "/usr/local/cuda", "HOROVOD_NCCL_HOME": "/opt/nccl"}
+    assert install_horovod.gpu_locations("NCCL", tmp_path, {**given, "PATH": "/usr/bin"}) == given
+    assert install_horovod.gpu_locations(None, tmp_path, given) == {}
+
+
+def stand_in_wheel(folder, name, files):
+    dist = f"{name.replace('-', '_')}-1.0"
+    meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as wheel:
+        for path, text in {**files, **meta}.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{dist}.dist-info/RECORD", "".join(f"{path},,\n" for path in [*files, *meta]) +
+                       f"{dist}.dist-info/RECORD,,\n")
+
+
+@pytest.fixture
+def wheel_folder(tmp_path, monkeypatch):
+    """A package source of stand-ins laid out as the CUDA 13 and NCCL wheels are, and nothing else."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    stand_in_wheel(folder, "stand-in-cuda", {"nvidia/cu13/bin/nvcc": "", "nvidia/cu13/include/cuda.h": "",
+                                              "nvidia/cu13/lib/libcudart.so.13": "runtime",
+                                              "nvidia/cu13/lib/libcudart_static.a": ""})
+    stand_in_wheel(folder, "stand-in-nccl", {"nvidia/nccl/include/nccl.h": "", "nvidia/nccl/lib/libnccl.so.2": "nccl"})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    return folder
+
+
+def test_a_toolkit_is_assembled_once_with_the_names_cmake_and_the_linker_look_for(tmp_path, wheel_folder,
+                                                                                  monkeypatch):
+    found = cuda_toolkit.assemble(tmp_path / "cache", ["stand-in-cuda==1.0", "stand-in-nccl==1.0"])
+    home, nccl = pathlib.Path(found["HOROVOD_CUDA_HOME"]), pathlib.Path(found["HOROVOD_NCCL_HOME"])
+    assert found == {"HOROVOD_CUDA_HOME": str(home), "CUDA_HOME": str(home), "HOROVOD_NCCL_HOME": str(nccl),
+                     "HOROVOD_NCCL_LINK": "SHARED"}
+    assert home.name == "cu13" and (home / "bin" / "nvcc").is_file()
+    assert (home / "lib64" / "libcudart.so").read_text() == "runtime"
+    assert os.readlink(home / "lib" / "libcudart.so") == "libcudart.so.13", "relative: the cache may move"
+    assert (nccl / "lib" / "libnccl.so").read_text() == "nccl" and (nccl / "include" / "nccl.h").is_file()
+    assert [p.name for p in (tmp_path / "cache" / "cuda").iterdir()] == [home.parent.parent.name]
+
+    monkeypatch.setattr(cuda_toolkit.subprocess, "run", lambda *a, **k: pytest.fail("pip ran again"))
+    assert cuda_toolkit.assemble(tmp_path / "cache", ["stand-in-cuda==1.0", "stand-in-nccl==1.0"]) == found
+
+
+def test_a_failed_install_leaves_no_toolkit_behind(tmp_path, wheel_folder):
+    with pytest.raises(subprocess.CalledProcessError):
+        cuda_toolkit.assemble(tmp_path / "cache", ["stand-in-cuda==1.0", "not-in-the-source==1.0"])
+    assert list((tmp_path / "cache" / "cuda").iterdir()) == []
