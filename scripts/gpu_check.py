@@ -6,7 +6,8 @@ Meant for a lent GPU machine that has a torch (any CUDA build, not necessarily t
 and no network. In order:
 
 1. **probe**: the torch of ``--python``, its CUDA version, the GPUs it sees and the driver.
-2. **build**: a venv beside that torch (``--system-site-packages``, under ``.gpu_check/``), and
+2. **build**: unless that Python's Horovod was built with NCCL already (the GPU image), a venv
+   beside that torch (``--system-site-packages``, under ``.gpu_check/``), and
    in it the patched Horovod built with ``HOROVOD_GPU_OPERATIONS=NCCL`` by the package's own
    installer, which compiles against ``HOROVOD_CUDA_HOME`` (and ``HOROVOD_NCCL_HOME``) where
    set, else against the CUDA wheels torch pins (``horovod_accordion/tools/cuda_toolkit.py``).
@@ -104,6 +105,11 @@ def build(python, found, work, env, report):
         report.step("build", "skipped", started, f"torch {found['torch']} is a CPU build: Horovod's NCCL operations "
                                                  f"need torch's CUDA build")
         return None
+    built = subprocess.run([python, "-c", "import horovod.torch as h; print(h.nccl_built())"], capture_output=True,
+                           text=True, env=env)
+    if built.returncode == 0 and built.stdout.strip() not in ("0", "False"):
+        report.step("build", "passed", started, f"Horovod with NCCL {built.stdout.strip()} is installed already")
+        return python
     venv = work / "venv"
     log = work / "build.log"
     steps = [[python, "-m", "venv", "--system-site-packages", venv],

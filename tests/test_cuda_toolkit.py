@@ -1,10 +1,13 @@
 """The CUDA toolkit a GPU build of Horovod compiles against where no system toolkit is set:
 which versions it takes from torch, and the folder it assembles from wheels, with real pip on
 stand-in wheels (the real ones are 500 MB; `scripts/gpu_check.sh` and the GPU image use them)."""
+import base64
+import hashlib
 import importlib.metadata
 import os
 import pathlib
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -40,15 +43,23 @@ def test_a_cpu_torch_pins_no_toolkit_and_a_gpu_build_then_names_the_way_out(tmp_
     assert install_horovod.gpu_locations(None, tmp_path, given) == {}
 
 
-def stand_in_wheel(folder, name, files):
+def stand_in_wheel(folder, name, files, requires=()):
     dist = f"{name.replace('-', '_')}-1.0"
-    meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+    meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" +
+            "".join(f"Requires-Dist: {requirement}\n" for requirement in requires),
             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as wheel:
         for path, text in {**files, **meta}.items():
             wheel.writestr(path, text)
-        wheel.writestr(f"{dist}.dist-info/RECORD", "".join(f"{path},,\n" for path in [*files, *meta]) +
+        wheel.writestr(f"{dist}.dist-info/RECORD", "".join(f"{path},{record_hash(text)},{len(text)}\n"
+                                                           for path, text in {**files, **meta}.items()) +
                        f"{dist}.dist-info/RECORD,,\n")
+
+
+def record_hash(text):
+    """A file's hash as a wheel's RECORD lists it."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 @pytest.fixture
@@ -85,3 +96,26 @@ def test_a_failed_install_leaves_no_toolkit_behind(tmp_path, wheel_folder):
     with pytest.raises(subprocess.CalledProcessError):
         cuda_toolkit.assemble(tmp_path / "cache", ["stand-in-cuda==1.0", "not-in-the-source==1.0"])
     assert list((tmp_path / "cache" / "cuda").iterdir()) == []
+
+
+def test_torchs_nccl_overwritten_by_another_distribution_is_found_and_a_reinstall_clears_it(tmp_path, wheel_folder):
+    """Two stand-ins ship the same nvidia/nccl file, as TF's CUDA 12 and torch's CUDA 13 wheels
+    do; the framework pins one of them. Real pip installs them into one prefix, in both orders."""
+    stand_in_wheel(wheel_folder, "stand-in-torch", {"stand_in_torch.py": ""},
+                   requires=['nvidia-stand-in-cu13==1.0; platform_system == "Linux"', 'optree>=0.13; extra == "optree"'])
+    for name in ("nvidia-stand-in-cu13", "nvidia-stand-in-cu12"):
+        stand_in_wheel(wheel_folder, name, {"nvidia/nccl/lib/libnccl.so.2": name, "nvidia/nccl/include/nccl.h": ""})
+    prefix = tmp_path / "prefix"
+
+    def install(*requirements, force=False):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--prefix", str(prefix),
+                        *(["--force-reinstall"] if force else []), *requirements], check=True)
+        [site] = prefix.glob("lib/python*/site-packages")
+        return [str(site)]
+
+    path = install("stand-in-torch==1.0", "nvidia-stand-in-cu13==1.0")
+    assert cuda_toolkit.overwritten_pins("stand-in-torch", path) == []
+    install("nvidia-stand-in-cu12==1.0")
+    assert cuda_toolkit.overwritten_pins("stand-in-torch", path) == ["nvidia-stand-in-cu13==1.0"]
+    install("nvidia-stand-in-cu13==1.0", force=True)
+    assert cuda_toolkit.overwritten_pins("stand-in-torch", path) == []

@@ -67,22 +67,33 @@ def test_only_the_horovod_variables_the_key_describes_reach_the_build():
     assert {k: v for k, v in env.items() if k.startswith("HOROVOD_")} == install_horovod.build_flags(BUILD)
 
 
-def test_each_patch_must_match_exactly_once(tmp_path):
+@pytest.mark.parametrize("gpu", [False, True])
+def test_each_patch_must_match_exactly_once(tmp_path, gpu):
     edits = json.loads(install_horovod.PATCHES.read_text())["edits"]
-    for edit in edits:
+    gpu_edits = json.loads(install_horovod.GPU_PATCHES.read_text())["edits"]
+    for edit in edits + gpu_edits:
         path = tmp_path / edit["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(path.read_text() + edit["old"] + "\n" if path.exists() else edit["old"] + "\n")
-    install_horovod.apply_patches(tmp_path)
+    install_horovod.apply_patches(tmp_path, gpu=gpu)
     for edit in edits:
         assert edit["new"] in (tmp_path / edit["file"]).read_text()
+    for edit in gpu_edits:
+        assert (edit["new"] in (tmp_path / edit["file"]).read_text()) == gpu, "GPU edits only in GPU builds"
     with pytest.raises(SystemExit, match="expected one"):
-        install_horovod.apply_patches(tmp_path)  # patched already: the old text is gone
+        install_horovod.apply_patches(tmp_path, gpu=gpu)  # patched already: the old text is gone
+
+
+def test_the_gpu_patches_key_gpu_builds_only(monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", "/usr/local/cuda")
+    assert "gpu_patches" not in install_horovod.describe_build(None), "a CPU build keeps its cached wheel's key"
+    assert install_horovod.describe_build("NCCL")["gpu_patches"]
 
 
 def test_the_patches_ship_in_the_package():
     patches = json.loads(install_horovod.PATCHES.read_text())
     assert patches["horovod"] == "0.28.1" and all(edit["why"] for edit in patches["edits"])
+    assert all(edit["why"] for edit in json.loads(install_horovod.GPU_PATCHES.read_text())["edits"])
 
 
 @pytest.mark.parametrize("before, after", [({}, "/a:/b"), ({"CPLUS_INCLUDE_PATH": ""}, "/a:/b"),

@@ -8,6 +8,7 @@ the wheels of those versions carry nvcc, the headers, the static runtime and NCC
 them into a folder of the cache and adds the unversioned library names that CMake and the linker
 look for, which the wheels leave out.
 """
+import base64
 import hashlib
 import importlib.metadata
 import os
@@ -86,3 +87,39 @@ def add_unversioned_names(folder):
     (home / "lib64").symlink_to("lib")
     for library in [*home.glob("lib/libcudart.so.*"), *folder.glob("nvidia/nccl/lib/libnccl.so.*")]:
         library.with_name(library.name.split(".so.")[0] + ".so").symlink_to(library.name)
+
+
+def overwritten_pins(distribution="torch", path=None):
+    """``distribution``'s pinned ``nvidia-*`` requirements whose files another distribution has
+    overwritten, among those installed on ``path`` (``sys.path``). TF's CUDA 12 wheels and torch's
+    CUDA 13 ones both ship ``nvidia/nccl`` and ``nvidia/cudnn`` (the sonames ``libnccl.so.2`` and
+    ``libcudnn.so.9``), and whichever pip installed last owns the files."""
+    path = sys.path if path is None else path
+    framework = next(iter(importlib.metadata.distributions(name=distribution, path=path)), None)
+    pins = {}
+    for line in (framework.requires if framework else None) or []:
+        requirement, _, marker = line.partition(";")
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group().lower()
+        if name.startswith("nvidia-") and "==" in requirement and "extra ==" not in marker:
+            pins[name] = requirement.strip()
+    owners = {}
+    for dist in importlib.metadata.distributions(path=path):
+        name = dist.metadata["Name"].lower()
+        for path in dist.files or []:
+            if str(path).startswith("nvidia/") and path.hash and not str(path).endswith(".py"):
+                owners.setdefault(str(path), []).append((name, dist, path))
+    overwritten = set()
+    for claims in owners.values():
+        for name, dist, path in claims:
+            if len(claims) > 1 and name in pins and not matches(dist.locate_file(path), path.hash):
+                overwritten.add(pins[name])
+    return sorted(overwritten)
+
+
+def matches(file, expected):
+    """Whether ``file`` has the content its distribution's RECORD lists (``expected``, a FileHash)."""
+    digest = hashlib.new(expected.mode)
+    with open(file, "rb") as content:
+        for block in iter(lambda: content.read(1 << 20), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode() == expected.value

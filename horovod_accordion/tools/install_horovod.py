@@ -39,6 +39,8 @@ import tempfile
 from horovod_accordion.tools import cache_folder, cuda_toolkit
 
 PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
+# Edits to code compiled only in GPU builds: they key only those, so CPU builds keep their wheels.
+GPU_PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_gpu_patches.json"
 # The names `horovodrun --check-build` prints.
 FEATURE_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "mpi": "MPI", "gloo": "Gloo"}
 FRAMEWORK_DISTRIBUTIONS = {"torch": ["torch"], "tensorflow": ["tensorflow", "tensorflow-cpu"]}
@@ -78,7 +80,9 @@ def describe_build(gpu_operations, cache=None):
     # Where a GPU build finds CUDA, NCCL and their parts: they reach it, so they key it.
     locations = gpu_locations(gpu_operations, cache or cache_folder(), os.environ)
     cuda_home = locations.get("HOROVOD_CUDA_HOME") or locations.get("CUDA_HOME")
+    gpu = {"gpu_patches": hashlib.sha256(GPU_PATCHES.read_bytes()).hexdigest()} if gpu_operations else {}
     return {
+        **gpu,
         "horovod": patches["horovod"],
         "patches": hashlib.sha256(PATCHES.read_bytes()).hexdigest(),
         "python": platform.python_version(),
@@ -113,6 +117,18 @@ def gpu_locations(gpu_operations, cache, environ):
                "CUDA version")
     log(f"assembling CUDA and NCCL from {' '.join(requirements)} under {cache / 'cuda'}")
     return {**cuda_toolkit.assemble(cache, requirements), **given}
+
+
+def give_torch_its_cuda_libraries():
+    """Reinstall torch's NCCL and cuDNN where TF's CUDA 12 wheels overwrote them: Horovod is
+    compiled against torch's NCCL, and a process loads one ``libnccl.so.2``, whichever framework
+    it imports (docker/README.md, the GPU image)."""
+    pins = cuda_toolkit.overwritten_pins("torch")
+    if pins:
+        log(f"{', '.join(pins)}: another distribution overwrote their files (TensorFlow's CUDA 12 wheels ship the "
+            f"same nvidia/ paths); reinstalling torch's")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", *pins],
+                       check=True)
 
 
 def first_line(command, last=False):
@@ -160,8 +176,9 @@ def cmake_3():
          "Ubuntu: apt-get install cmake")
 
 
-def apply_patches(source):
-    for edit in json.loads(PATCHES.read_text())["edits"]:
+def apply_patches(source, gpu=False):
+    edits = json.loads(PATCHES.read_text())["edits"] + (json.loads(GPU_PATCHES.read_text())["edits"] if gpu else [])
+    for edit in edits:
         path = source / edit["file"]
         text = path.read_text()
         count = text.count(edit["old"])
@@ -221,7 +238,7 @@ def build_wheel(build, destination):
             # Python < 3.11.4 (Debian 12's 3.11.2) has no extraction filters.
             sdist.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         source = work / f"horovod-{build['horovod']}"
-        apply_patches(source)
+        apply_patches(source, gpu=bool(build["gpu_operations"]))
         log(f"compiling with {' '.join(f'{k}={v}' for k, v in sorted(build_flags(build).items()))} "
             f"(10-25 minutes on 2 cores)")
         subprocess.run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(work / "wheel"), str(source)],
@@ -289,6 +306,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     build = describe_build(args.gpu_operations, args.cache)
+    if build["gpu_operations"] and "torch" in build["frameworks"]:
+        give_torch_its_cuda_libraries()
     wheel = None if args.rebuild else find_cached_wheel(args.cache, build)
     marker = pathlib.Path(sys.prefix) / ".horovod-wheel"
     if wheel is None:
