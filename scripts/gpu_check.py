@@ -12,7 +12,7 @@ and no network. In order:
    installer, which compiles against ``HOROVOD_CUDA_HOME`` (and ``HOROVOD_NCCL_HOME``) where
    set, else against the CUDA wheels torch pins (``horovod_accordion/tools/cuda_toolkit.py``).
    Without network, ``--wheelhouse`` is the folder pip takes everything from: Horovod's sdist,
-   its dependencies and, without a system toolkit, those CUDA wheels. Skipped, with the reason,
+   its dependencies, pytest and, without a system toolkit, those CUDA wheels. Skipped, with the reason,
    where torch is a CPU build.
 3. **test-gpu**: ``tests/test_gpu.py`` under ``HOROVOD_ACCORDION_GPU_TESTS=1`` in that venv (or
    with ``--python`` where the build was skipped): the DDP hook, Lightning and FSDP on one GPU,
@@ -115,6 +115,7 @@ def build(python, found, work, env, report):
     steps = [[python, "-m", "venv", "--system-site-packages", venv],
              [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "-e",
               REPO],
+             [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "pytest"],
              [venv / "bin" / "python", "-m", "horovod_accordion.tools.install_horovod", "--gpu-operations", "NCCL",
               "--cache", work / "cache"]]
     for command in steps:
@@ -128,6 +129,10 @@ def build(python, found, work, env, report):
 
 def test_gpu(python, work, env, report):
     started = time.monotonic()
+    if subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode != 0:
+        report.step("test-gpu", "failed", started, f"no pytest for {python}: install it, or put its wheel in "
+                                                   f"--wheelhouse for the build's venv")
+        return
     junit = work / "test_gpu.xml"
     status = run([python, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}",
                   "tests/test_gpu.py"], work / "test_gpu.log", dict(env, HOROVOD_ACCORDION_GPU_TESTS="1"))
