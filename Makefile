@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 NP ?= 2
 
-.PHONY: setup demo test check test-gpu gpu-check image test-image
+.PHONY: setup demo test check test-gpu gpu-check image test-image image-gpu test-image-gpu
 
 setup:
 	VENV=$(VENV) bash scripts/setup.sh
@@ -45,3 +45,17 @@ image:
 # as two hosts, compared with the same run outside the containers (hence setup). Needs root.
 test-image: setup
 	IMAGE=$(IMAGE) VENV=$(VENV) bash scripts/test_image.sh
+
+# The GPU image (docker/Dockerfile.gpu): the package index's CUDA builds of torch and TF, and
+# Horovod built with NCCL against CUDA wheels; no CUDA base image, so it builds here. A local
+# wheelhouse ($PIP_FIND_LINKS) is the CPU image's: it would hand pip the CPU torch.
+GPU_IMAGE ?= horovod_accordion:gpu
+
+image-gpu:
+	PIP_FIND_LINKS= IMAGE=$(GPU_IMAGE) DOCKERFILE=docker/Dockerfile.gpu bash scripts/build_image.sh
+
+# In the GPU image, without a GPU: --check-build (with NCCL), the CUDA libraries of both
+# frameworks and Horovod's extensions load, and the demo; one container (each is a full copy of
+# the image's 10 GB here), so not the two-host runs the CPU image's test adds.
+test-image-gpu: setup
+	IMAGE=$(GPU_IMAGE) VENV=$(VENV) FEATURES="TensorFlow PyTorch MPI Gloo NCCL" TWO_HOSTS=0 bash scripts/test_image.sh

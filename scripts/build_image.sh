@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make image`: build the CPU image (docker/Dockerfile.cpu) as $IMAGE.
+# `make image` and `make image-gpu`: build $DOCKERFILE (docker/Dockerfile.cpu by default) as $IMAGE.
 # - With a running Docker engine: `docker build`. Docker has no build-time volumes, so Horovod's
 #   wheel is built inside the image (in /opt/cache) unless that layer is cached.
 # - Otherwise: buildah (installed from Debian if missing), vfs storage, chroot isolation, and the
@@ -7,14 +7,14 @@
 #   mounted on the image's /opt/cache, so the Horovod installer (python -m horovod_accordion.tools.install_horovod) reuses or fills it, as in
 #   `make setup`. Where python:3.11-slim-bookworm can't be pulled, the base is the local stand-in
 #   that scripts/local_base_image.sh builds.
-# Variables: IMAGE, BASE_IMAGE (default: the Dockerfile's), HOROVOD_ACCORDION_CACHE,
+# Variables: IMAGE, DOCKERFILE, BASE_IMAGE (default: the Dockerfile's), HOROVOD_ACCORDION_CACHE,
 # PIP_FIND_LINKS (a local wheel folder) and PIP_CERT (a CA bundle, for a TLS-inspecting proxy):
 # mounted read-only and used by pip in the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${IMAGE:-horovod_accordion:cpu}
-DOCKERFILE=docker/Dockerfile.cpu
+DOCKERFILE=${DOCKERFILE:-docker/Dockerfile.cpu}
 OFFICIAL_BASE=$(sed -n 's/^ARG BASE_IMAGE=//p' "$DOCKERFILE")
 CACHE=${HOROVOD_ACCORDION_CACHE:-$HOME/.cache/horovod_accordion}
 TORCH_CPU_INDEX=$(sed -n 's/^ARG PIP_EXTRA_INDEX_URL=//p' "$DOCKERFILE")
@@ -56,7 +56,7 @@ if [ -n "${PIP_FIND_LINKS:-}" ] && [ -d "$PIP_FIND_LINKS" ]; then
     args+=(--build-arg PIP_FIND_LINKS=/opt/wheels)
     # Without the torch CPU index pip would retry it for every package: skip it when it can't be
     # reached and the local wheels have to hold the CPU torch instead.
-    if ! timeout 20 python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+    if [ -n "$TORCH_CPU_INDEX" ] && ! timeout 20 python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
             "$TORCH_CPU_INDEX/torch/" >/dev/null 2>&1; then
         step "$TORCH_CPU_INDEX can't be reached: the CPU torch must come from $PIP_FIND_LINKS"
         args+=(--build-arg PIP_EXTRA_INDEX_URL=)

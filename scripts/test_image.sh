@@ -11,12 +11,18 @@
 #     The ranks must run on different hosts with identical levels and final parameters, and each
 #     run's bytes per step must equal those of the same run outside the containers ($VENV).
 # Everything it starts is stopped and removed on exit. Needs root (namespaces, chroot).
+# FEATURES: what --check-build must list. Where it lists NCCL (`make test-image-gpu`), each
+# framework's Horovod extension must also load with NCCL built. TWO_HOSTS=0 stops after step 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${IMAGE:-horovod_accordion:cpu}
 VENV=${VENV:-.venv}
 EPOCHS=${EPOCHS:-8}
+FEATURES=${FEATURES:-TensorFlow PyTorch MPI Gloo}
+TWO_HOSTS=${TWO_HOSTS:-1}
+HOST_NAMES=(a)
+[ "$TWO_HOSTS" = 1 ] && HOST_NAMES=(a b)
 PROBE=(python docker/two_hosts_probe.py --epochs "$EPOCHS")
 export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs}
 tag=hvdtest$$
@@ -61,7 +67,7 @@ WORKDIR=$(buildah inspect --type image --format '{{.OCIv1.Config.WorkingDir}}' "
 
 # Horovod's Gloo init segfaults where the host name doesn't resolve. Docker and podman put the
 # container's name in its /etc/hosts; `buildah run` doesn't, so steps 1 and 2 name it.
-for h in a b; do
+for h in "${HOST_NAMES[@]}"; do
     CTR[$h]=$(buildah from --name "$tag-$h" --add-host "host-$h:127.0.0.1" "$IMAGE")
 done
 RUN_A=(buildah run --isolation chroot --hostname host-a "${CTR[a]}" --)
@@ -70,7 +76,7 @@ RUN_A=(buildah run --isolation chroot --hostname host-a "${CTR[a]}" --)
 step "horovodrun --check-build"
 check=$("${RUN_A[@]}" horovodrun --check-build)
 quiet <<<"$check"
-for feature in TensorFlow PyTorch MPI Gloo; do
+for feature in $FEATURES; do
     grep -Eq "\[X\] $feature\$" <<<"$check" || fail "--check-build does not list $feature"
 done
 
@@ -82,6 +88,21 @@ started=$SECONDS
 grep -q "^\[rank 0\] accordion: test accuracy" <(sed 's/^\[[0-9]*\]<stdout>://' "$work/demo.log") \
     || fail "the demo did not report Accordion's result"
 step "demo passed in $((SECONDS - started)) s"
+
+if [[ " $FEATURES " == *" NCCL "* ]]; then
+    # A process per framework, as a user's job: each loads its CUDA libraries and Horovod's extension.
+    for framework in torch tensorflow; do
+        step "horovod.$framework loads its CUDA libraries and was built with NCCL"
+        "${RUN_A[@]}" python -c "import $framework, horovod.$framework as hvd; import sys
+assert hvd.nccl_built() and hvd.cuda_built(), 'horovod.$framework: no NCCL or CUDA in the build'
+print('horovod.$framework: NCCL', hvd.nccl_built(), 'with', '$framework', $framework.__version__)" 2>&1 | quiet \
+            || fail "horovod.$framework did not load with NCCL"
+    done
+fi
+if [ "$TWO_HOSTS" != 1 ]; then
+    step "passed: check-build ($FEATURES), demo (TWO_HOSTS=0: not the two-host runs)"
+    exit 0
+fi
 
 # 3. Two hosts.
 ssh-keygen -q -t ed25519 -N "" -C "horovod_accordion test-image" -f "$work/id_ed25519"
