@@ -32,7 +32,7 @@ test-gpu: setup
 # test-gpu's checks, as one JSON report naming the device (scripts/gpu_check.py says how).
 GPU_CHECK_PYTHON ?= python3
 gpu-check:
-	$(GPU_CHECK_PYTHON) scripts/gpu_check.py
+	$(GPU_CHECK_PYTHON) scripts/gpu_check.py --require-gpu
 
 # The CPU image (docker/Dockerfile.cpu): `docker build` where a Docker engine runs, else buildah
 # (vfs, chroot isolation) with the host's Horovod wheel cache mounted. See docker/README.md.
@@ -57,5 +57,5 @@ image-gpu:
 # In the GPU image, without a GPU: --check-build (with NCCL), the CUDA libraries of both
 # frameworks and Horovod's extensions load, and the demo; one container (each is a full copy of
 # the image's 10 GB here), so not the two-host runs the CPU image's test adds.
-test-image-gpu: setup
-	IMAGE=$(GPU_IMAGE) VENV=$(VENV) FEATURES="TensorFlow PyTorch MPI Gloo NCCL" TWO_HOSTS=0 bash scripts/test_image.sh
+test-image-gpu:
+	IMAGE=$(GPU_IMAGE) FEATURES="TensorFlow PyTorch MPI Gloo NCCL" TWO_HOSTS=0 bash scripts/test_image.sh

@@ -21,7 +21,8 @@ and no network. In order:
 
 The report (``--report``, by default ``$OUT/gpu_check.json`` where ``$OUT`` is set, else
 ``gpu_check.json``) names the device and holds each step's outcome, time and reason, and every
-test's outcome. The exit status is 1 where a step or a test failed, else 0.
+test's outcome. The exit status is 1 where a step or a test failed, or, with ``--require-gpu``
+(``make gpu-check``), where no GPU test ran; else 0.
 """
 import argparse
 import json
@@ -110,6 +111,8 @@ def build(python, found, work, env, report):
     if built.returncode == 0 and built.stdout.strip() not in ("0", "False"):
         report.step("build", "passed", started, f"Horovod with NCCL {built.stdout.strip()} is installed already")
         return python
+    if built.returncode != 0 and "No module named 'horovod'" not in built.stderr:
+        print(f"gpu_check: the installed Horovod does not import, so it is built anew: {built.stderr[-300:]}")
     venv = work / "venv"
     log = work / "build.log"
     steps = [[python, "-m", "venv", "--system-site-packages", venv],
@@ -120,8 +123,8 @@ def build(python, found, work, env, report):
               "--cache", work / "cache"]]
     for command in steps:
         if run(command, log, env) != 0:
-            report.step("build", "failed", started, f"{pathlib.Path(command[2]).name if len(command) > 2 else ''} "
-                                                    f"failed: see {log}", log=str(log))
+            report.step("build", "failed", started, f"`{' '.join(map(str, command[1:]))}` failed: see {log}",
+                        log=str(log))
             return None
     report.step("build", "passed", started, log=str(log))
     return venv / "bin" / "python"
@@ -148,8 +151,13 @@ def test_gpu(python, work, env, report):
                                      "seconds": float(case.get("time", 0)),
                                      **({"reason": outcome[1][:500]} if outcome[1] else {})})
     counts = {o: sum(t["outcome"] == o for t in report.data["tests"]) for o in ("passed", "failed", "skipped")}
-    report.step("test-gpu", "failed" if counts["failed"] or status not in (0, 5) else "passed", started,
-                log=str(work / "test_gpu.log"), **counts)
+    if counts["failed"] or status not in (0, 5):
+        outcome, reason = "failed", None
+    elif counts["passed"]:
+        outcome, reason = "passed", None
+    else:  # a report of skips must not read as a GPU run that passed
+        outcome, reason = "skipped", next((t["reason"] for t in report.data["tests"] if "reason" in t), "no tests")
+    report.step("test-gpu", outcome, started, reason, log=str(work / "test_gpu.log"), **counts)
 
 
 def main(argv=None):
@@ -158,6 +166,9 @@ def main(argv=None):
     parser.add_argument("--wheelhouse", type=pathlib.Path,
                         help="without network: the folder pip installs from (Horovod's sdist and dependencies)")
     parser.add_argument("--work", type=pathlib.Path, default=REPO / ".gpu_check")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="exit 1 unless a GPU test ran and passed (make gpu-check: a device run that tested "
+                             "nothing, for a driver too old for torch's CUDA say, fails)")
     parser.add_argument("--report", type=pathlib.Path,
                         default=pathlib.Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT")
                         else pathlib.Path("gpu_check.json"))
@@ -174,7 +185,8 @@ def main(argv=None):
     venv = {"PATH": os.pathsep.join([str(pathlib.Path(python).parent), env["PATH"]])} if python else {}
     test_gpu(python or args.python, args.work, dict(env, **venv), report)
     print(f"gpu_check: report in {args.report}", flush=True)
-    return 1 if report.failed() else 0
+    ran = any(step["step"] == "test-gpu" and step["status"] == "passed" for step in report.data["steps"])
+    return 1 if report.failed() or (args.require_gpu and not ran) else 0
 
 
 if __name__ == "__main__":

@@ -90,12 +90,18 @@ grep -q "^\[rank 0\] accordion: test accuracy" <(sed 's/^\[[0-9]*\]<stdout>://' 
 step "demo passed in $((SECONDS - started)) s"
 
 if [[ " $FEATURES " == *" NCCL "* ]]; then
-    # A process per framework, as a user's job: each loads its CUDA libraries and Horovod's extension.
+    step "torch's NCCL and cuDNN wheels own their files (TensorFlow's CUDA 12 ones share the paths)"
+    "${RUN_A[@]}" python -c "from horovod_accordion.tools import cuda_toolkit as c
+assert c.overwritten_pins() == [], c.overwritten_pins()" || fail "TensorFlow's CUDA wheels overwrote torch's"
+    # A process per framework, as a user's job: each loads Horovod's extension, built with NCCL,
+    # and the one libnccl.so.2 of the environment (not the build's folder, which the image lacks).
     for framework in torch tensorflow; do
-        step "horovod.$framework loads its CUDA libraries and was built with NCCL"
-        "${RUN_A[@]}" python -c "import $framework, horovod.$framework as hvd; import sys
+        step "horovod.$framework loads, built with NCCL, with the environment's libnccl.so.2"
+        "${RUN_A[@]}" python -c "import $framework, horovod.$framework as hvd
 assert hvd.nccl_built() and hvd.cuda_built(), 'horovod.$framework: no NCCL or CUDA in the build'
-print('horovod.$framework: NCCL', hvd.nccl_built(), 'with', '$framework', $framework.__version__)" 2>&1 | quiet \
+[nccl] = {line.split()[-1] for line in open('/proc/self/maps') if 'libnccl.so' in line}
+assert nccl.endswith('site-packages/nvidia/nccl/lib/libnccl.so.2'), nccl
+print('horovod.$framework: NCCL', hvd.nccl_built(), 'from', nccl)" 2>&1 | quiet \
             || fail "horovod.$framework did not load with NCCL"
     done
 fi

@@ -1,9 +1,8 @@
 """The CUDA toolkit a GPU build of Horovod compiles against where no system toolkit is set:
 which versions it takes from torch, and the folder it assembles from wheels, with real pip on
-stand-in wheels (the real ones are 500 MB; `scripts/gpu_check.sh` and the GPU image use them)."""
+stand-in wheels (the real ones are 500 MB; `make image-gpu` uses them)."""
 import base64
 import hashlib
-import importlib.metadata
 import os
 import pathlib
 import subprocess
@@ -26,28 +25,48 @@ TORCH_CU13_PINS = [
 ]
 
 
-def test_the_toolkit_takes_the_compiler_runtime_and_nccl_of_torchs_own_pins(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "requires", lambda name: TORCH_CU13_PINS if name == "torch" else None)
-    assert cuda_toolkit.requirements_of("torch") == ["cuda-toolkit[nvcc,cudart,cccl]==13.0.3",
-                                                     "nvidia-nccl-cu13==2.29.7"]
+def test_the_toolkit_takes_the_compiler_runtime_and_nccl_of_torchs_own_pins(tmp_path, wheel_folder):
+    stand_in_wheel(wheel_folder, "stand-in-torch", {"stand_in_torch.py": ""}, requires=TORCH_CU13_PINS)
+    path = install(tmp_path / "prefix", "stand-in-torch==1.0")
+    assert {name: str(pin) for name, (pin, _) in cuda_toolkit.pins("stand-in-torch", path).items()} == {
+        "cuda-toolkit": "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]"
+                        '==13.0.3; platform_system == "Linux"',
+        "nvidia-cudnn-cu13": 'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
+        "nvidia-nccl-cu13": 'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"',
+        "triton": 'triton==3.7.1; platform_system == "Linux" and python_version < "3.15"'}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "path", path + sys.path)
+        assert cuda_toolkit.requirements_of("stand-in-torch") == ["cuda-toolkit[nvcc,cudart,cccl]==13.0.3",
+                                                                  "nvidia-nccl-cu13==2.29.7"]
 
 
-def test_a_cpu_torch_pins_no_toolkit_and_a_gpu_build_then_names_the_way_out(tmp_path, monkeypatch):
+def test_a_cpu_torch_pins_no_toolkit_and_a_gpu_build_then_names_the_way_out(monkeypatch):
     assert cuda_toolkit.requirements_of("torch") is None, "this suite runs on the CPU build of torch"
+    no_nvcc = {"PATH": "/nonexistent"}
     with pytest.raises(SystemExit) as refused:
-        install_horovod.gpu_locations("NCCL", tmp_path, {})
-    assert "CPU build" in str(refused.value) and "HOROVOD_CUDA_HOME" in str(refused.value)
-    assert not (tmp_path / "cuda").exists()
+        install_horovod.gpu_toolkit("NCCL", no_nvcc)
+    assert "a CPU build" in str(refused.value) and "HOROVOD_CUDA_HOME" in str(refused.value)
     given = {"HOROVOD_CUDA_HOME": "/usr/local/cuda", "HOROVOD_NCCL_HOME": "/opt/nccl"}
-    assert install_horovod.gpu_locations("NCCL", tmp_path, {**given, "PATH": "/usr/bin"}) == given
-    assert install_horovod.gpu_locations(None, tmp_path, given) == {}
+    assert install_horovod.gpu_toolkit("NCCL", {**given, **no_nvcc}) == (given, None)
+    assert install_horovod.gpu_toolkit(None, given) == ({}, None)
+
+
+def test_a_toolkit_torch_pins_keys_the_build_by_its_requirements_not_by_where_it_is(monkeypatch):
+    monkeypatch.setattr(cuda_toolkit, "requirements_of", lambda name: ["cuda-toolkit[nvcc]==13.0.3", "nccl==2.29.7"])
+    for variable in install_horovod.LOCATION_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent" + os.pathsep + os.path.dirname(sys.executable))
+    build = install_horovod.describe_build("NCCL")
+    assert build["cuda_toolkit"] == ["cuda-toolkit[nvcc]==13.0.3", "nccl==2.29.7"]
+    assert build["locations"] == {} and build["cuda"] is None, "no path of the cache in the key: nothing to download"
 
 
 def stand_in_wheel(folder, name, files, requires=()):
     dist = f"{name.replace('-', '_')}-1.0"
     meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" +
             "".join(f"Requires-Dist: {requirement}\n" for requirement in requires),
-            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                       "Tag: py3-none-any\n"}
     with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as wheel:
         for path, text in {**files, **meta}.items():
             wheel.writestr(path, text)
@@ -100,22 +119,24 @@ def test_a_failed_install_leaves_no_toolkit_behind(tmp_path, wheel_folder):
 
 def test_torchs_nccl_overwritten_by_another_distribution_is_found_and_a_reinstall_clears_it(tmp_path, wheel_folder):
     """Two stand-ins ship the same nvidia/nccl file, as TF's CUDA 12 and torch's CUDA 13 wheels
-    do; the framework pins one of them. Real pip installs them into one prefix, in both orders."""
+    do; the framework pins one of them. Real pip installs them into one prefix, the other last."""
     stand_in_wheel(wheel_folder, "stand-in-torch", {"stand_in_torch.py": ""},
-                   requires=['nvidia-stand-in-cu13==1.0; platform_system == "Linux"', 'optree>=0.13; extra == "optree"'])
+                   requires=['nvidia-stand-in-cu13==1.0; platform_system == "Linux"',
+                             'optree>=0.13; extra == "optree"'])
     for name in ("nvidia-stand-in-cu13", "nvidia-stand-in-cu12"):
         stand_in_wheel(wheel_folder, name, {"nvidia/nccl/lib/libnccl.so.2": name, "nvidia/nccl/include/nccl.h": ""})
     prefix = tmp_path / "prefix"
-
-    def install(*requirements, force=False):
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--prefix", str(prefix),
-                        *(["--force-reinstall"] if force else []), *requirements], check=True)
-        [site] = prefix.glob("lib/python*/site-packages")
-        return [str(site)]
-
-    path = install("stand-in-torch==1.0", "nvidia-stand-in-cu13==1.0")
+    path = install(prefix, "stand-in-torch==1.0", "nvidia-stand-in-cu13==1.0")
     assert cuda_toolkit.overwritten_pins("stand-in-torch", path) == []
-    install("nvidia-stand-in-cu12==1.0")
+    install(prefix, "nvidia-stand-in-cu12==1.0")
     assert cuda_toolkit.overwritten_pins("stand-in-torch", path) == ["nvidia-stand-in-cu13==1.0"]
-    install("nvidia-stand-in-cu13==1.0", force=True)
+    install(prefix, "nvidia-stand-in-cu13==1.0", force=True)
     assert cuda_toolkit.overwritten_pins("stand-in-torch", path) == []
+
+
+def install(prefix, *requirements, force=False):
+    """Real pip, into ``prefix``, from the stand-ins' folder: the ``sys.path`` entry it installed to."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--prefix", str(prefix),
+                    *(["--force-reinstall"] if force else []), *requirements], check=True)
+    [site] = prefix.glob("lib/python*/site-packages")
+    return [str(site)]

@@ -50,7 +50,8 @@ def test_the_gpu_image_builds_on_the_cpu_images_base_and_keeps_no_build_tools_or
     [run] = [block for block in re.split(r"\n(?=[A-Z]+ )", gpu) if block.startswith("RUN ")]
     installed = set(re.search(r"--no-install-recommends\s+([^&]+)&&", run)[1].replace("\\", " ").split())
     purged = set(re.search(r"apt-get purge -y ([^&]+)&&", run)[1].replace("\\", " ").split())
-    assert purged == installed - {"make", "openmpi-bin", "openssh-client", "openssh-server"}, purged
+    # Kept: what runs (MPI, sshd, make) and what Triton compiles its launcher with at torch.compile's first GPU run.
+    assert purged == installed - {"make", "openmpi-bin", "openssh-client", "openssh-server", "gcc", "libc6-dev"}, purged
     assert run.index("scripts/setup.sh") < run.index("apt-get purge") < run.index("rm -rf /var/lib/apt/lists/*")
 
 
@@ -67,7 +68,7 @@ def test_the_cpu_image_takes_its_base_as_an_argument_and_the_cpu_torch():
 def test_make_image_mounts_the_host_wheel_cache_where_the_image_looks_for_it():
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^image:", makefile, re.M) and re.search(r"^test-image:", makefile, re.M)
-    gpu_targets = re.search(r"^image-gpu:\n(.*)\n(?:.*\n)*?^test-image-gpu: setup\n(.*)$", makefile, re.M)
+    gpu_targets = re.search(r"^image-gpu:\n(.*)\n(?:.*\n)*?^test-image-gpu:\n(.*)$", makefile, re.M)
     assert gpu_targets and "DOCKERFILE=docker/Dockerfile.gpu" in gpu_targets[1], "make image-gpu"
     assert "NCCL" in gpu_targets[2] and "scripts/test_image.sh" in gpu_targets[2], "make test-image-gpu"
     build = (REPO / "scripts" / "build_image.sh").read_text()

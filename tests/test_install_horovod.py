@@ -84,10 +84,14 @@ def test_each_patch_must_match_exactly_once(tmp_path, gpu):
         install_horovod.apply_patches(tmp_path, gpu=gpu)  # patched already: the old text is gone
 
 
-def test_the_gpu_patches_key_gpu_builds_only(monkeypatch):
+def test_the_gpu_fields_key_gpu_builds_only(monkeypatch):
     monkeypatch.setenv("CUDA_HOME", "/usr/local/cuda")
-    assert "gpu_patches" not in install_horovod.describe_build(None), "a CPU build keeps its cached wheel's key"
-    assert install_horovod.describe_build("NCCL")["gpu_patches"]
+    # The fields of a CPU build's key as its cached wheels were made with: no new one may join them.
+    assert set(install_horovod.describe_build(None)) == {
+        "horovod", "patches", "python", "machine", "libc", "controllers", "mpi", "gpu_operations", "cuda",
+        "compiler", "locations", "frameworks"}
+    gpu = install_horovod.describe_build("NCCL")
+    assert gpu["gpu_patches"] and gpu["cuda_toolkit"] is None and gpu["locations"]["CUDA_HOME"] == "/usr/local/cuda"
 
 
 def test_the_patches_ship_in_the_package():

@@ -67,7 +67,7 @@ def installed_version(distributions):
     return None
 
 
-def describe_build(gpu_operations, cache=None):
+def describe_build(gpu_operations):
     """What the wheel for this environment is built from and for: its cache key's contents."""
     patches = json.loads(PATCHES.read_text())
     frameworks = {name: version for name, dists in FRAMEWORK_DISTRIBUTIONS.items()
@@ -78,9 +78,10 @@ def describe_build(gpu_operations, cache=None):
              "docs/getting-started/install.md), then run this again")
     mpi = shutil.which("mpicc") is not None
     # Where a GPU build finds CUDA, NCCL and their parts: they reach it, so they key it.
-    locations = gpu_locations(gpu_operations, cache or cache_folder(), os.environ)
+    locations, toolkit = gpu_toolkit(gpu_operations, os.environ)
     cuda_home = locations.get("HOROVOD_CUDA_HOME") or locations.get("CUDA_HOME")
-    gpu = {"gpu_patches": hashlib.sha256(GPU_PATCHES.read_bytes()).hexdigest()} if gpu_operations else {}
+    gpu = {"gpu_patches": hashlib.sha256(GPU_PATCHES.read_bytes()).hexdigest(), "cuda_toolkit": toolkit} \
+        if gpu_operations else {}
     return {
         **gpu,
         "horovod": patches["horovod"],
@@ -91,38 +92,41 @@ def describe_build(gpu_operations, cache=None):
         "controllers": ["gloo", "mpi"] if mpi else ["gloo"],
         "mpi": first_line(["mpirun", "--version"]) if mpi else None,
         "gpu_operations": gpu_operations or None,
+        # An assembled toolkit is keyed by its requirements, wherever its cache is.
         "cuda": first_line([f"{cuda_home}/bin/nvcc" if cuda_home else "nvcc", "--version"], last=True)
-        if gpu_operations else None,
+        if gpu_operations and not toolkit else None,
         "compiler": first_line([*shlex.split(os.environ.get("CXX", "c++")), "--version"]),
         "locations": locations,
         "frameworks": frameworks,
     }
 
 
-def gpu_locations(gpu_operations, cache, environ):
-    """Where a GPU build finds CUDA and NCCL: the variables set in ``environ`` where they name a
-    toolkit, else a toolkit of the versions torch was built with, assembled in ``cache``."""
+def gpu_toolkit(gpu_operations, environ):
+    """Where a GPU build finds CUDA and NCCL: ``(locations, None)`` with the variables set in
+    ``environ``, where they (or an nvcc on the PATH) name a toolkit; else ``({},
+    requirements)``, a toolkit of the versions torch was built with, which the build assembles."""
     if not gpu_operations:
-        return {}
+        return {}, None
     given = {key: environ[key] for key in sorted(LOCATION_VARIABLES) if key in environ}
-    if given.keys() & {"HOROVOD_CUDA_HOME", "CUDA_HOME"}:
-        return given
+    if given.keys() & {"HOROVOD_CUDA_HOME", "CUDA_HOME"} or shutil.which("nvcc", path=environ.get("PATH")):
+        return given, None
     torch_version = installed_version(["torch"])
     requirements = cuda_toolkit.requirements_of("torch") if torch_version else None
     if requirements is None:
-        fail(f"HOROVOD_GPU_OPERATIONS={gpu_operations} needs a CUDA toolkit and NCCL: "
-             + (f"torch {torch_version} pins none (a CPU build?): install torch's CUDA build"
-                if torch_version else "without torch, none is assembled from the package index")
-             + ", or set HOROVOD_CUDA_HOME (and HOROVOD_NCCL_HOME) to a toolkit and NCCL of your framework's "
-               "CUDA version")
-    log(f"assembling CUDA and NCCL from {' '.join(requirements)} under {cache / 'cuda'}")
-    return {**cuda_toolkit.assemble(cache, requirements), **given}
+        fail(f"HOROVOD_GPU_OPERATIONS={gpu_operations} needs a CUDA toolkit and NCCL, and there is no nvcc on the "
+             f"PATH: "
+             + (f"torch {torch_version} pins no cuda-toolkit wheel to assemble one from (a CPU build, or a build "
+                f"from PyTorch's own index)" if torch_version else "without torch, none is assembled from the "
+                                                                     "package index")
+             + "; set HOROVOD_CUDA_HOME (and HOROVOD_NCCL_HOME) to a toolkit and NCCL of your framework's CUDA "
+               "version")
+    return given, requirements
 
 
 def give_torch_its_cuda_libraries():
     """Reinstall torch's NCCL and cuDNN where TF's CUDA 12 wheels overwrote them: Horovod is
     compiled against torch's NCCL, and a process loads one ``libnccl.so.2``, whichever framework
-    it imports (docker/README.md, the GPU image)."""
+    it imports (docs/horovod-build.md)."""
     pins = cuda_toolkit.overwritten_pins("torch")
     if pins:
         log(f"{', '.join(pins)}: another distribution overwrote their files (TensorFlow's CUDA 12 wheels ship the "
@@ -217,9 +221,16 @@ def prepend_paths(env, key, paths):
     env[key] = os.pathsep.join(paths + ([env[key]] if env.get(key) else []))
 
 
-def build_wheel(build, destination):
+def build_wheel(build, cache, destination):
     """Download, patch and compile Horovod; the wheel lands in ``destination``."""
     env = build_environment(build, os.environ)
+    if build.get("cuda_toolkit"):
+        log(f"CUDA and NCCL for the build: {' '.join(build['cuda_toolkit'])}, assembled once under {cache / 'cuda'}")
+        try:
+            env.update(cuda_toolkit.assemble(cache, build["cuda_toolkit"]))
+        except (subprocess.CalledProcessError, RuntimeError) as error:
+            fail(f"could not assemble the CUDA toolkit ({error}): without network, set HOROVOD_CUDA_HOME and "
+                 f"HOROVOD_NCCL_HOME to a toolkit and NCCL, or let pip find these wheels (PIP_FIND_LINKS)")
     prepend_paths(env, "PATH", [str(pathlib.Path(cmake_3()).parent)])
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
     if "tensorflow" in build["frameworks"]:
@@ -304,8 +315,9 @@ def main(argv=None):
                         help="e.g. NCCL (default: $HOROVOD_GPU_OPERATIONS; none: a CPU build)")
     parser.add_argument("--rebuild", action="store_true", help="compile even when a cached wheel fits")
     args = parser.parse_args(argv)
+    args.cache = args.cache.resolve()  # the build runs elsewhere, and the wheel's key must not vary
 
-    build = describe_build(args.gpu_operations, args.cache)
+    build = describe_build(args.gpu_operations)
     if build["gpu_operations"] and "torch" in build["frameworks"]:
         give_torch_its_cuda_libraries()
     wheel = None if args.rebuild else find_cached_wheel(args.cache, build)
@@ -313,7 +325,8 @@ def main(argv=None):
     if wheel is None:
         log(f"no cached wheel for {json.dumps(build['frameworks'])} under {args.cache}; building one")
         (args.cache / "wheels").mkdir(parents=True, exist_ok=True)
-        wheel = build_wheel(build, args.cache / "wheels" / f"horovod-{build['horovod']}-{cache_key(build)}")
+        destination = args.cache / "wheels" / f"horovod-{build['horovod']}-{cache_key(build)}"
+        wheel = build_wheel(build, args.cache, destination)
     elif installed_version(["horovod"]) == build["horovod"] and marker.is_file() and marker.read_text() == str(wheel):
         log(f"Horovod {build['horovod']} from {wheel} is already installed")
         check_build(build)
