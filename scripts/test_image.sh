@@ -85,7 +85,7 @@ mapfile -t CMD < <(buildah inspect --type image --format '{{range .OCIv1.Config.
 step "the image's default command: ${CMD[*]}"
 started=$SECONDS
 "${RUN_A[@]}" "${CMD[@]}" 2>&1 | tee "$work/demo.log" | quiet || true
-grep -q "^\[rank 0\] accordion: test accuracy" <(sed 's/^\[[0-9]*\]<stdout>://' "$work/demo.log") \
+grep -q "^\[rank 0\] accordion: test accuracy" <(sed -E 's/^\[[0-9,]+\]<stdout>://' "$work/demo.log") \
     || fail "the demo did not report Accordion's result"
 step "demo passed in $((SECONDS - started)) s"
 

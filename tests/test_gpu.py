@@ -67,3 +67,26 @@ def test_lightning_on_gpu(one_gpu, launches, check):
 @pytest.mark.parametrize("check", check_names("fsdp_gpu_checks"))
 def test_fsdp_on_one_gpu(one_gpu, launches, check):
     launches("fsdp_gpu_checks", "torchrun", np=1).check(check)
+
+
+# TF's CUDA 12 build beside torch's CUDA 13 NCCL and cuDNN (the GPU image's layout, docs/horovod-build.md):
+# a float64 convolution, whose cuDNN and CPU results differ only by the order of 27 products'
+# sums: |error| <= 27 · 2^-52 · Σ|x·w| < 27 · 2^-52 · 27 · 6 · 6 < 1e-11 (|x|, |w| < 6 for these draws).
+TF_CONVOLUTION = """
+import numpy as np, tensorflow as tf, horovod.tensorflow as hvd
+assert tf.config.list_physical_devices("GPU"), "TensorFlow sees no GPU"
+x, w = (np.random.default_rng(seed).standard_normal(shape) for seed, shape in ((0, (2, 16, 16, 3)), (1, (3, 3, 3, 4))))
+assert np.abs(x).max() < 6 and np.abs(w).max() < 6
+with tf.device("/GPU:0"):
+    gpu = tf.nn.conv2d(x, w, 1, "SAME").numpy()
+with tf.device("/CPU:0"):
+    cpu = tf.nn.conv2d(x, w, 1, "SAME").numpy()
+np.testing.assert_allclose(gpu, cpu, rtol=0, atol=1e-11)
+print("TF convolved on", tf.config.list_physical_devices("GPU")[0].name, "with Horovod", hvd.nccl_built())
+"""
+
+
+def test_tensorflow_convolves_on_the_gpu_with_the_environments_cudnn_and_nccl(one_gpu):
+    result = subprocess.run([sys.executable, "-c", TF_CONVOLUTION], capture_output=True, text=True, timeout=300,
+                            env=worker_env())
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
