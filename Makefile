@@ -54,8 +54,7 @@ GPU_IMAGE ?= horovod_accordion:gpu
 image-gpu:
 	PIP_FIND_LINKS= IMAGE=$(GPU_IMAGE) DOCKERFILE=docker/Dockerfile.gpu bash scripts/build_image.sh
 
-# In the GPU image, without a GPU: --check-build (with NCCL), the CUDA libraries of both
-# frameworks and Horovod's extensions load, and the demo; one container (each is a full copy of
-# the image's 10 GB here), so not the two-host runs the CPU image's test adds.
-test-image-gpu:
-	IMAGE=$(GPU_IMAGE) FEATURES="TensorFlow PyTorch MPI Gloo NCCL" TWO_HOSTS=0 bash scripts/test_image.sh
+# test-image's runs, in the GPU image and without a GPU, and also: --check-build lists NCCL, and
+# each framework's Horovod extension loads with NCCL, on the environment's libnccl.so.2.
+test-image-gpu: setup
+	IMAGE=$(GPU_IMAGE) VENV=$(VENV) FEATURES="TensorFlow PyTorch MPI Gloo NCCL" bash scripts/test_image.sh
