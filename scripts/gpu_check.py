@@ -7,7 +7,7 @@ and no network. In order:
 
 1. **probe**: the torch of ``--python``, its CUDA version, the GPUs it sees and the driver.
 2. **build**: unless that Python's Horovod was built with NCCL already (the GPU image), a venv
-   beside that torch (``--system-site-packages``, under ``.gpu_check/``), and
+   that sees that Python's packages (under ``.gpu_check/``), and
    in it the patched Horovod built with ``HOROVOD_GPU_OPERATIONS=NCCL`` by the package's own
    installer, which compiles against ``HOROVOD_CUDA_HOME`` (and ``HOROVOD_NCCL_HOME``) where
    set, else against the CUDA wheels torch pins (``horovod_accordion/tools/cuda_toolkit.py``).
@@ -50,6 +50,17 @@ try:
 except (OSError, subprocess.TimeoutExpired):
     answer["driver"] = None
 print(json.dumps(answer))
+"""
+
+
+# A venv that sees the packages of the Python that makes it, wherever they are: a
+# --system-site-packages venv made from another venv's Python sees the base installation's only.
+VENV_BESIDE = """
+import pathlib, sys, sysconfig, venv
+venv.create(sys.argv[1], system_site_packages=True, with_pip=True)
+[site] = pathlib.Path(sys.argv[1]).glob("lib/python*/site-packages")
+parents = sorted({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+(site / "gpu_check_parent.pth").write_text("\\n".join(parents) + "\\n")
 """
 
 
@@ -115,7 +126,7 @@ def build(python, found, work, env, report):
         print(f"gpu_check: the installed Horovod does not import, so it is built anew: {built.stderr[-300:]}")
     venv = work / "venv"
     log = work / "build.log"
-    steps = [[python, "-m", "venv", "--system-site-packages", venv],
+    steps = [[python, "-c", VENV_BESIDE, venv],
              [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "-e",
               REPO],
              [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "pytest"],
