@@ -10,10 +10,10 @@ and no network. In order:
    that sees that Python's packages (under ``.gpu_check/``), and
    in it the patched Horovod built with ``HOROVOD_GPU_OPERATIONS=NCCL`` by the package's own
    installer, which compiles against ``HOROVOD_CUDA_HOME`` (and ``HOROVOD_NCCL_HOME``) where
-   set, else against the CUDA wheels torch pins (``horovod_accordion/tools/cuda_toolkit.py``).
-   Without network, ``--wheelhouse`` is the folder pip takes everything from: Horovod's sdist,
-   its dependencies, pytest and, without a system toolkit, those CUDA wheels. Skipped, with the reason,
-   where torch is a CPU build.
+   set, else an nvcc on the PATH of torch's CUDA major, else the CUDA wheels torch pins
+   (``horovod_accordion/tools/cuda_toolkit.py``). Without network, ``--wheelhouse`` is the
+   folder pip takes everything from: Horovod's sdist, its dependencies, pytest and, without a
+   system toolkit, those CUDA wheels. Skipped, with the reason, where torch is a CPU build.
 3. **test-gpu**: ``tests/test_gpu.py`` under ``HOROVOD_ACCORDION_GPU_TESTS=1`` in that venv (or
    with ``--python`` where the build was skipped): the DDP hook, Lightning and FSDP on one GPU,
    and the torch and TF checks over NCCL on two ranks where two GPUs exist. Each test that
@@ -132,10 +132,10 @@ def build(python, found, work, env, report):
              [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "pytest"],
              [venv / "bin" / "python", "-m", "horovod_accordion.tools.install_horovod", "--gpu-operations", "NCCL",
               "--cache", work / "cache"]]
-    for command in steps:
+    for what, command in zip(["making the venv", "installing the project", "installing pytest",
+                              "building Horovod with NCCL"], steps):
         if run(command, log, env) != 0:
-            report.step("build", "failed", started, f"`{' '.join(map(str, command[1:]))}` failed: see {log}",
-                        log=str(log))
+            report.step("build", "failed", started, f"{what} failed: see {log}", log=str(log))
             return None
     report.step("build", "passed", started, log=str(log))
     return venv / "bin" / "python"

@@ -1,6 +1,6 @@
 """The CUDA toolkit a GPU build of Horovod compiles against where no system toolkit is set:
 which versions it takes from torch, and the folder it assembles from wheels, with real pip on
-stand-in wheels (the real ones are 500 MB; `make image-gpu` uses them)."""
+stand-in wheels (`make image-gpu` uses the real ones)."""
 import base64
 import hashlib
 import os
@@ -28,19 +28,15 @@ TORCH_CU13_PINS = [
 def test_the_toolkit_takes_the_compiler_runtime_and_nccl_of_torchs_own_pins(tmp_path, wheel_folder):
     stand_in_wheel(wheel_folder, "stand-in-torch", {"stand_in_torch.py": ""}, requires=TORCH_CU13_PINS)
     path = install(tmp_path / "prefix", "stand-in-torch==1.0")
-    assert {name: str(pin) for name, (pin, _) in cuda_toolkit.pins("stand-in-torch", path).items()} == {
-        "cuda-toolkit": "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]"
-                        '==13.0.3; platform_system == "Linux"',
-        "nvidia-cudnn-cu13": 'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
-        "nvidia-nccl-cu13": 'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"',
-        "triton": 'triton==3.7.1; platform_system == "Linux" and python_version < "3.15"'}
+    assert cuda_toolkit.pins("stand-in-torch", path) == {"cuda-toolkit": "13.0.3", "nvidia-cudnn-cu13": "9.20.0.48",
+                                                         "nvidia-nccl-cu13": "2.29.7", "triton": "3.7.1"}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "path", path + sys.path)
         assert cuda_toolkit.requirements_of("stand-in-torch") == ["cuda-toolkit[nvcc,cudart,cccl]==13.0.3",
                                                                   "nvidia-nccl-cu13==2.29.7"]
 
 
-def test_a_cpu_torch_pins_no_toolkit_and_a_gpu_build_then_names_the_way_out(monkeypatch):
+def test_a_cpu_torch_pins_no_toolkit_and_a_gpu_build_then_names_the_way_out():
     assert cuda_toolkit.requirements_of("torch") is None, "this suite runs on the CPU build of torch"
     no_nvcc = {"PATH": "/nonexistent"}
     with pytest.raises(SystemExit) as refused:
@@ -59,6 +55,18 @@ def test_a_toolkit_torch_pins_keys_the_build_by_its_requirements_not_by_where_it
     build = install_horovod.describe_build("NCCL")
     assert build["cuda_toolkit"] == ["cuda-toolkit[nvcc]==13.0.3", "nccl==2.29.7"]
     assert build["locations"] == {} and build["cuda"] is None, "no path of the cache in the key: nothing to download"
+
+
+@pytest.mark.parametrize("release, assembled", [("13.0", False), ("12.8", True)])
+def test_an_nvcc_on_the_path_serves_where_it_is_torchs_cuda_major(tmp_path, monkeypatch, release, assembled):
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    toolkit = ["cuda-toolkit[nvcc,cudart,cccl]==13.0.3", "nvidia-nccl-cu13==2.29.7"]
+    monkeypatch.setattr(cuda_toolkit, "requirements_of", lambda name: toolkit)
+    given, requirements = install_horovod.gpu_toolkit("NCCL", {"PATH": str(nvcc.parent)})
+    assert given == {} and requirements == (toolkit if assembled else None)
 
 
 def stand_in_wheel(folder, name, files, requires=()):

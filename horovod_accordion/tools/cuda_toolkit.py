@@ -26,8 +26,8 @@ BUILD_PARTS = "nvcc,cudart,cccl"
 
 
 def pins(distribution, path=None):
-    """``{name: requirement}`` of what ``distribution`` (found on ``path``, ``sys.path`` by
-    default) requires at one exact version on this machine, extras left out."""
+    """``{name: version}`` of what ``distribution`` (found on ``path``, ``sys.path`` by default)
+    requires at one exact version on this machine, extras left out."""
     found = next(iter(importlib.metadata.distributions(name=distribution, path=sys.path if path is None else path)),
                  None)
     exact = {}
@@ -37,7 +37,7 @@ def pins(distribution, path=None):
             continue
         versions = [spec.version for spec in requirement.specifier if spec.operator == "=="]
         if versions:
-            exact[requirement.name.lower()] = (requirement, versions[0])
+            exact[requirement.name.lower()] = versions[0]
     return exact
 
 
@@ -47,10 +47,15 @@ def requirements_of(distribution="torch"):
     build whose parts are per-library ``-cu12`` wheels, as PyTorch's own index and TensorFlow's
     ``and-cuda`` have them)."""
     exact = pins(distribution)
-    nccls = [f"{name}=={version}" for name, (_, version) in exact.items() if name.startswith("nvidia-nccl-")]
+    nccls = [f"{name}=={version}" for name, version in exact.items() if name.startswith("nvidia-nccl-")]
     if "cuda-toolkit" not in exact or len(nccls) != 1:
         return None
-    return [f"cuda-toolkit[{BUILD_PARTS}]=={exact['cuda-toolkit'][1]}", *nccls]
+    return [f"cuda-toolkit[{BUILD_PARTS}]=={exact['cuda-toolkit']}", *nccls]
+
+
+def major(requirements):
+    """The CUDA major of a toolkit's ``requirements`` (``requirements_of``'s)."""
+    return requirements[0].split("==")[1].split(".")[0]
 
 
 def assemble(cache, requirements):
@@ -100,11 +105,12 @@ def add_unversioned_names(folder):
     """``libcudart.so`` (CMake's FindCUDAToolkit requires it), ``libnccl.so`` (the linker's
     ``-lnccl``) and ``lib64`` (nvcc's library path): the wheels ship only the versioned names."""
     home = cuda_home(folder)
-    (home / "lib64").symlink_to("lib")
-    for library in [*home.glob("lib/libcudart.so.*"), *folder.glob("nvidia/nccl/lib/libnccl.so.*")]:
-        unversioned = library.with_name(library.name.split(".so.")[0] + ".so")
-        if not unversioned.exists():
-            unversioned.symlink_to(library.name)
+    links = [(home / "lib64", "lib")] + [
+        (library.with_name(library.name.split(".so.")[0] + ".so"), library.name)
+        for library in [*home.glob("lib/libcudart.so.*"), *folder.glob("nvidia/nccl/lib/libnccl.so.*")]]
+    for link, target in links:
+        if not link.exists():
+            link.symlink_to(target)
 
 
 def overwritten_pins(distribution="torch", path=None):
@@ -113,7 +119,7 @@ def overwritten_pins(distribution="torch", path=None):
     CUDA 13 ones both ship ``nvidia/nccl`` and ``nvidia/cudnn`` (the sonames ``libnccl.so.2`` and
     ``libcudnn.so.9``), and whichever pip installed last owns the files."""
     path = sys.path if path is None else path
-    nvidia = {name: f"{name}=={version}" for name, (_, version) in pins(distribution, path).items()
+    nvidia = {name: f"{name}=={version}" for name, version in pins(distribution, path).items()
               if name.startswith("nvidia-")}
     owners = {}
     for dist in importlib.metadata.distributions(path=path):

@@ -9,8 +9,9 @@ instead of twenty minutes later in the compiler), and builds a wheel for the fra
 controllers of the running environment: PyTorch and TensorFlow where importable, Gloo always,
 MPI where ``mpicc`` is found, and ``HOROVOD_GPU_OPERATIONS`` (e.g. ``NCCL``) when set. A GPU build
 compiles against the CUDA toolkit and NCCL that ``HOROVOD_CUDA_HOME`` (or ``CUDA_HOME``) and
-``HOROVOD_NCCL_HOME`` name, or else against the versions torch was built with, assembled from the
-package index's wheels (``cuda_toolkit``): no system toolkit is needed.
+``HOROVOD_NCCL_HOME`` name, else against an nvcc on the PATH of torch's CUDA major, else against
+the versions torch was built with, assembled from the package index's wheels (``cuda_toolkit``):
+no system toolkit is needed.
 
 The wheel is cached (``--cache``, ``$HOROVOD_ACCORDION_CACHE``, ``~/.cache/horovod_accordion``)
 under a key of what changes its binary: Horovod, the patches, Python, the machine and its C
@@ -102,16 +103,25 @@ def describe_build(gpu_operations):
 
 
 def gpu_toolkit(gpu_operations, environ):
-    """Where a GPU build finds CUDA and NCCL: ``(locations, None)`` with the variables set in
-    ``environ``, where they (or an nvcc on the PATH) name a toolkit; else ``({},
-    requirements)``, a toolkit of the versions torch was built with, which the build assembles."""
+    """Where a GPU build finds CUDA and NCCL: ``(given, requirements)``. ``given`` are the
+    variables set in ``environ``; ``requirements`` name the toolkit of the versions torch was built
+    with, which the build assembles, or are ``None`` where ``given`` names a toolkit
+    (``HOROVOD_CUDA_HOME``, ``CUDA_HOME``) or an nvcc on the PATH serves: one of torch's CUDA
+    major, or any where torch pins no toolkit."""
     if not gpu_operations:
         return {}, None
     given = {key: environ[key] for key in sorted(LOCATION_VARIABLES) if key in environ}
-    if given.keys() & {"HOROVOD_CUDA_HOME", "CUDA_HOME"} or shutil.which("nvcc", path=environ.get("PATH")):
+    if given.keys() & {"HOROVOD_CUDA_HOME", "CUDA_HOME"}:
         return given, None
     torch_version = installed_version(["torch"])
     requirements = cuda_toolkit.requirements_of("torch") if torch_version else None
+    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    if nvcc:
+        release = re.search(r"release (\d+)\.", first_line([nvcc, "--version"], last=True) or "")
+        if requirements is None or (release and release[1] == cuda_toolkit.major(requirements)):
+            return given, None
+        log(f"{nvcc} is CUDA {release[1] if release else '(unknown)'}, torch's is CUDA "
+            f"{cuda_toolkit.major(requirements)}: the build takes torch's from the package index")
     if requirements is None:
         fail(f"HOROVOD_GPU_OPERATIONS={gpu_operations} needs a CUDA toolkit and NCCL, and there is no nvcc on the "
              f"PATH: "
@@ -227,10 +237,14 @@ def build_wheel(build, cache, destination):
     if build.get("cuda_toolkit"):
         log(f"CUDA and NCCL for the build: {' '.join(build['cuda_toolkit'])}, assembled once under {cache / 'cuda'}")
         try:
-            env.update(cuda_toolkit.assemble(cache, build["cuda_toolkit"]))
-        except (subprocess.CalledProcessError, RuntimeError) as error:
-            fail(f"could not assemble the CUDA toolkit ({error}): without network, set HOROVOD_CUDA_HOME and "
-                 f"HOROVOD_NCCL_HOME to a toolkit and NCCL, or let pip find these wheels (PIP_FIND_LINKS)")
+            assembled = cuda_toolkit.assemble(cache, build["cuda_toolkit"])
+        except subprocess.CalledProcessError:
+            fail("pip could not install the CUDA toolkit's wheels (its message is above): without network, let pip "
+                 "find them (PIP_FIND_LINKS), or set HOROVOD_CUDA_HOME and HOROVOD_NCCL_HOME to a toolkit and NCCL")
+        except RuntimeError as error:
+            fail(str(error))
+        # What the user set (a NCCL of their own, say) keys the build, so it wins.
+        env.update({**assembled, **build["locations"]})
     prepend_paths(env, "PATH", [str(pathlib.Path(cmake_3()).parent)])
     env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
     if "tensorflow" in build["frameworks"]:
@@ -315,7 +329,7 @@ def main(argv=None):
                         help="e.g. NCCL (default: $HOROVOD_GPU_OPERATIONS; none: a CPU build)")
     parser.add_argument("--rebuild", action="store_true", help="compile even when a cached wheel fits")
     args = parser.parse_args(argv)
-    args.cache = args.cache.resolve()  # the build runs elsewhere, and the wheel's key must not vary
+    args.cache = args.cache.resolve()  # the paths under it reach Horovod's build, which runs elsewhere
 
     build = describe_build(args.gpu_operations)
     if build["gpu_operations"] and "torch" in build["frameworks"]:
