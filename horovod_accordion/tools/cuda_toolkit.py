@@ -11,14 +11,13 @@ CMake and the linker look for, which the wheels leave out.
 import base64
 import hashlib
 import importlib.metadata
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 from packaging.requirements import Requirement
+
+from horovod_accordion.tools import published_folder
 
 # torch's cuda-toolkit requirement names the libraries torch loads; Horovod's build needs the
 # compiler, the runtime and CCCL's headers, which nvcc puts on its include path.
@@ -60,24 +59,16 @@ def major(requirements):
 
 def assemble(cache, requirements):
     """The build locations of a toolkit made of ``requirements``, installed under ``cache`` once
-    and found there afterwards. The folder appears whole or not at all (a rename), so an
-    interrupted install leaves nothing that a later build would take for a toolkit."""
+    and found there afterwards. The folder appears whole or not at all (``published_folder``), so
+    an interrupted install leaves nothing that a later build would take for a toolkit."""
     folder = pathlib.Path(cache).resolve() / "cuda" / hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
     if not (folder / "requirements.txt").is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
+        with published_folder(folder, "requirements.txt") as staging:
             subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target",
                             str(staging), *requirements], check=True)
             add_unversioned_names(staging)
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
-            try:
-                os.rename(staging, folder)
-            except OSError:
-                if not (folder / "requirements.txt").is_file():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     return locations(folder)
 
 

@@ -37,7 +37,7 @@ import sys
 import tarfile
 import tempfile
 
-from horovod_accordion.tools import cache_folder, cuda_toolkit
+from horovod_accordion.tools import cache_folder, cuda_toolkit, published_folder
 
 PATCHES = importlib.resources.files("horovod_accordion.tools") / "horovod_patches.json"
 # Edits to code compiled only in GPU builds: they key only those, so CPU builds keep their wheels.
@@ -292,21 +292,9 @@ def publish(wheel, build, destination):
     directory, so that a reader, or another build at the same time, sees an entry whole or not at
     all. An entry already there (``--rebuild``, or one that does not serve) is moved away first;
     one that another build publishes meanwhile is as good, and kept."""
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
+    with published_folder(destination, "build.json", replace=True) as staging:
         shutil.copy2(wheel, staging / wheel.name)
         (staging / "build.json").write_text(json.dumps(build, indent=1, sort_keys=True) + "\n")
-        if destination.exists():
-            replaced = destination.with_name(f".{destination.name}.replaced.{os.getpid()}")
-            os.rename(destination, replaced)
-            shutil.rmtree(replaced, ignore_errors=True)
-        try:
-            os.rename(staging, destination)
-        except OSError:
-            if not (destination / "build.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return next(destination.glob("horovod-*.whl"))
 
 
@@ -329,7 +317,7 @@ def main(argv=None):
                         help="e.g. NCCL (default: $HOROVOD_GPU_OPERATIONS; none: a CPU build)")
     parser.add_argument("--rebuild", action="store_true", help="compile even when a cached wheel fits")
     args = parser.parse_args(argv)
-    args.cache = args.cache.resolve()  # the paths under it reach Horovod's build, which runs elsewhere
+    args.cache = args.cache.resolve()  # one spelling whatever the working folder: the install marker compares paths
 
     build = describe_build(args.gpu_operations)
     if build["gpu_operations"] and "torch" in build["frameworks"]:
